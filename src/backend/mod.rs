@@ -1,0 +1,1 @@
+//! Compute backends (CPU now; CUDA later).

@@ -1,0 +1,1 @@
+//! Arrow / Parquet / CSV glue.

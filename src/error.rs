@@ -1,0 +1,92 @@
+//! The library's error type: one enum with structured variants.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in epifusion's library layer.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A column is missing, has the wrong type, or is otherwise unusable.
+    #[error("column `{column}`: {message}")]
+    BadColumn {
+        /// Column name.
+        column: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A value in a given row is outside the model's domain (NaN, time ≤ 0, y ∉ {0,1}, …).
+    #[error("row {row} (row_id {row_id}), column `{column}`: {message}")]
+    BadValue {
+        /// Zero-based input row number.
+        row: usize,
+        /// The row's `row_id`.
+        row_id: i64,
+        /// Column name.
+        column: String,
+        /// What is wrong with the value.
+        message: String,
+    },
+    /// The same (row_id, covariate_id) pair appears more than once.
+    #[error("duplicate covariate: row_id {row_id}, covariate_id {covariate_id} appears more than once")]
+    DuplicateCovariate {
+        /// Row id.
+        row_id: i64,
+        /// Covariate id.
+        covariate_id: i64,
+    },
+    /// The same outcome row id appears more than once.
+    #[error("duplicate outcome row: row_id {row_id} appears more than once")]
+    DuplicateRow {
+        /// Row id.
+        row_id: i64,
+    },
+    /// A covariate refers to a row id with no outcome row.
+    #[error("covariates: {count} entries refer to row ids with no outcome row (first: row_id {first_row_id}); set `drop_unknown_rows` to drop them")]
+    UnknownRow {
+        /// Number of covariate entries with an unknown row id.
+        count: usize,
+        /// The first such row id.
+        first_row_id: i64,
+    },
+    /// No usable data.
+    #[error("empty input: {0}")]
+    Empty(String),
+    /// An option has a bad value or an unknown name.
+    #[error("option `{option}`: {message}")]
+    BadOption {
+        /// Option name.
+        option: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The fit failed in a way that retries could not fix.
+    #[error("fit failed: {0}")]
+    FitFailed(String),
+    /// Reading or writing data failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Arrow / Parquet decoding failed.
+    #[error("data format error: {0}")]
+    Format(String),
+    /// Device (GPU) problem.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// Convenience alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Shorthand for [`Error::BadOption`].
+    pub fn option(option: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::BadOption {
+            option: option.into(),
+            message: message.into(),
+        }
+    }
+}

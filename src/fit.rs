@@ -1,0 +1,1 @@
+//! The high-level fitting API.

@@ -1,0 +1,1 @@
+//! Kaplan–Meier censoring weights for Fine–Gray (being written).

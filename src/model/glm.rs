@@ -1,0 +1,65 @@
+//! Placeholder: being written.
+use super::design::DesignMatrix;
+use super::Likelihood;
+use crate::error::{Error, Result};
+
+/// Placeholder.
+#[derive(Clone)]
+pub struct Logistic;
+
+impl Logistic {
+    /// Placeholder.
+    pub fn new(_x: &DesignMatrix) -> Result<Self> {
+        Err(Error::FitFailed("not implemented yet".into()))
+    }
+}
+
+impl Likelihood for Logistic {
+    fn n_coef(&self) -> usize { 0 }
+    fn set_beta(&mut self, _beta: &[f64]) {}
+    fn log_likelihood(&mut self) -> f64 { 0.0 }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn update(&mut self, _j: usize, _delta: f64) {}
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+}
+/// Placeholder.
+#[derive(Clone)]
+pub struct Poisson;
+
+impl Poisson {
+    /// Placeholder.
+    pub fn new(_x: &DesignMatrix) -> Result<Self> {
+        Err(Error::FitFailed("not implemented yet".into()))
+    }
+}
+
+impl Likelihood for Poisson {
+    fn n_coef(&self) -> usize { 0 }
+    fn set_beta(&mut self, _beta: &[f64]) {}
+    fn log_likelihood(&mut self) -> f64 { 0.0 }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn update(&mut self, _j: usize, _delta: f64) {}
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+}
+/// Placeholder.
+#[derive(Clone)]
+pub struct ConditionalLogistic;
+
+impl ConditionalLogistic {
+    /// Placeholder.
+    pub fn new(_x: &DesignMatrix) -> Result<Self> {
+        Err(Error::FitFailed("not implemented yet".into()))
+    }
+}
+
+impl Likelihood for ConditionalLogistic {
+    fn n_coef(&self) -> usize { 0 }
+    fn set_beta(&mut self, _beta: &[f64]) {}
+    fn log_likelihood(&mut self) -> f64 { 0.0 }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn update(&mut self, _j: usize, _delta: f64) {}
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+}

@@ -1,0 +1,205 @@
+//! Pure numerics: design matrix, priors, likelihoods, cyclic coordinate descent, inference.
+//!
+//! This layer imports no `arrow`, `datafusion`, `tokio` or `cudarc`: solvers see plain slices.
+//!
+//! Conventions shared by every likelihood (η = xᵀβ + offset, e = exp η, w = row weight):
+//!
+//! * `log_likelihood` is reported **without data-independent constants** (no `log y!` for
+//!   Poisson, no normalizing constants); each model's rustdoc says exactly what it includes.
+//! * `gradient_hessian(j)` returns `(g_j, h_j)` with g_j = ∂LL/∂β_j and the curvature
+//!   h_j = −∂²LL/∂β_j² ≥ 0.
+//! * All accumulation is in `f64`.
+
+pub mod ccd;
+pub mod censoring;
+pub mod cox;
+pub mod design;
+pub mod fine_gray;
+pub mod glm;
+pub mod inference;
+pub mod prior;
+pub mod risk_set;
+pub mod sccs;
+
+use crate::error::{Error, Result};
+use design::DesignMatrix;
+
+/// The models the engine fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Conditional Poisson with log(time) offset, strata = cases (SCCS; Cyclops `cpr`).
+    ConditionalPoisson,
+    /// Cox proportional hazards (partial likelihood), optional strata, weights, (start, stop].
+    Cox,
+    /// Fine–Gray subdistribution hazards; y = 1 event of interest, 2 competing, 0 censored.
+    FineGray,
+    /// Logistic regression with intercept.
+    Logistic,
+    /// Poisson regression with intercept and log(time) offset.
+    Poisson,
+    /// Conditional logistic regression (matched sets = strata).
+    ConditionalLogistic,
+}
+
+impl ModelKind {
+    /// Parse the names used by the CLI and the SQL options.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "sccs" | "cpr" | "conditional_poisson" => ModelKind::ConditionalPoisson,
+            "cox" | "cox_ph" | "coxph" => ModelKind::Cox,
+            "fine_gray" | "finegray" | "fgr" => ModelKind::FineGray,
+            "logistic" | "lr" => ModelKind::Logistic,
+            "poisson" | "pr" => ModelKind::Poisson,
+            "conditional_logistic" | "clr" => ModelKind::ConditionalLogistic,
+            other => {
+                return Err(Error::option(
+                    "model",
+                    format!(
+                        "unknown model `{other}`; expected one of sccs, cox, fine_gray, logistic, \
+                         poisson, conditional_logistic"
+                    ),
+                ))
+            }
+        })
+    }
+
+    /// Canonical name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::ConditionalPoisson => "sccs",
+            ModelKind::Cox => "cox",
+            ModelKind::FineGray => "fine_gray",
+            ModelKind::Logistic => "logistic",
+            ModelKind::Poisson => "poisson",
+            ModelKind::ConditionalLogistic => "conditional_logistic",
+        }
+    }
+
+    /// Whether the model gets an intercept column (logistic and Poisson regression).
+    pub fn has_intercept(self) -> bool {
+        matches!(self, ModelKind::Logistic | ModelKind::Poisson)
+    }
+
+    /// Model-specific row checks: time > 0 where required and the domain of y.
+    pub fn check_rows(self, x: &DesignMatrix) -> Result<()> {
+        let r = &x.rows;
+        let bad = |i: usize, column: &str, message: String| Error::BadValue {
+            row: i,
+            row_id: r.row_id[i],
+            column: column.into(),
+            message,
+        };
+        let needs_positive_time = matches!(
+            self,
+            ModelKind::ConditionalPoisson | ModelKind::Poisson | ModelKind::Cox | ModelKind::FineGray
+        ) && r.start_time.is_none();
+        for i in 0..x.n_rows() {
+            let y = r.y[i];
+            let t = r.time[i];
+            if needs_positive_time && t <= 0.0 {
+                return Err(bad(i, "time", format!("must be > 0 for {} (got {t})", self.name())));
+            }
+            let ok = match self {
+                ModelKind::Cox | ModelKind::Logistic | ModelKind::ConditionalLogistic => {
+                    y == 0.0 || y == 1.0
+                }
+                ModelKind::FineGray => y == 0.0 || y == 1.0 || y == 2.0,
+                ModelKind::ConditionalPoisson | ModelKind::Poisson => y >= 0.0 && y.fract() == 0.0,
+            };
+            if !ok {
+                let domain = match self {
+                    ModelKind::FineGray => "0 (censored), 1 (event) or 2 (competing event)",
+                    ModelKind::ConditionalPoisson | ModelKind::Poisson => {
+                        "a non-negative whole number of events"
+                    }
+                    _ => "0 or 1",
+                };
+                return Err(bad(i, "y", format!("must be {domain} for {} (got {y})", self.name())));
+            }
+        }
+        if r.start_time.is_some() && self != ModelKind::Cox {
+            return Err(Error::BadColumn {
+                column: "start_time".into(),
+                message: format!("counting-process rows are only supported for cox, not {}", self.name()),
+            });
+        }
+        if r.censor_weight.is_some() && self != ModelKind::FineGray {
+            return Err(Error::BadColumn {
+                column: "censor_weight".into(),
+                message: format!("only used by fine_gray, not {}", self.name()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Handling of tied event times in Cox and Fine–Gray partial likelihoods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ties {
+    /// Breslow (Cyclops' convention; the default).
+    #[default]
+    Breslow,
+    /// Efron (R `survival`'s default; weighted with the mean case weight of the tied events).
+    Efron,
+}
+
+impl Ties {
+    /// Parse `breslow` / `efron`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "breslow" => Ok(Ties::Breslow),
+            "efron" => Ok(Ties::Efron),
+            other => Err(Error::option("ties", format!("unknown `{other}`; expected breslow or efron"))),
+        }
+    }
+}
+
+/// A likelihood with incrementally maintained state, as cyclic coordinate descent needs it.
+///
+/// The state corresponds to a coefficient vector β that the likelihood keeps internally;
+/// [`Likelihood::set_beta`] recomputes everything from scratch and [`Likelihood::update`]
+/// changes one coefficient incrementally.
+pub trait Likelihood: Send {
+    /// Number of coefficients (= design-matrix columns).
+    fn n_coef(&self) -> usize;
+    /// Set all coefficients and recompute the state from scratch (also used periodically to
+    /// remove the drift of incremental updates).
+    fn set_beta(&mut self, beta: &[f64]);
+    /// Log-likelihood at the current state (without data-independent constants).
+    fn log_likelihood(&mut self) -> f64;
+    /// `(g_j, h_j)`: first derivative and curvature (−second derivative) of the log-likelihood
+    /// along coordinate `j` at the current state.
+    fn gradient_hessian(&mut self, j: usize) -> (f64, f64);
+    /// β_j += delta, updating the state incrementally.
+    fn update(&mut self, j: usize, delta: f64);
+    /// Observed information matrix (−Hessian of the log-likelihood) restricted to `cols`,
+    /// row-major `cols.len() × cols.len()`, at the current state.
+    fn information(&mut self, cols: &[usize]) -> Vec<f64>;
+    /// An independent copy (profile likelihood, bootstrap, CV folds).
+    fn boxed_clone(&self) -> Box<dyn Likelihood>;
+}
+
+/// Options for building a likelihood.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LikelihoodOptions {
+    /// Ties for Cox / Fine–Gray.
+    pub ties: Ties,
+}
+
+/// Build the CPU likelihood of `kind` on `x` (rows already checked with
+/// [`ModelKind::check_rows`]).
+pub fn cpu_likelihood(
+    kind: ModelKind,
+    x: &DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    kind.check_rows(x)?;
+    Ok(match kind {
+        ModelKind::ConditionalPoisson => Box::new(sccs::ConditionalPoisson::new(x)?),
+        ModelKind::Cox => Box::new(cox::Cox::new(x, opts.ties)?),
+        ModelKind::FineGray => Box::new(fine_gray::FineGray::new(x, opts.ties)?),
+        ModelKind::Logistic => Box::new(glm::Logistic::new(x)?),
+        ModelKind::Poisson => Box::new(glm::Poisson::new(x)?),
+        ModelKind::ConditionalLogistic => Box::new(glm::ConditionalLogistic::new(x)?),
+    })
+}

@@ -1,0 +1,1 @@
+//! Shared risk-set machinery for Cox and Fine–Gray (being written).
