@@ -26,7 +26,9 @@ pub enum Error {
         message: String,
     },
     /// The same (row_id, covariate_id) pair appears more than once.
-    #[error("duplicate covariate: row_id {row_id}, covariate_id {covariate_id} appears more than once")]
+    #[error(
+        "duplicate covariate: row_id {row_id}, covariate_id {covariate_id} appears more than once"
+    )]
     DuplicateCovariate {
         /// Row id.
         row_id: i64,

@@ -1,1 +1,329 @@
-//! The high-level fitting API.
+//! The high-level fitting API: model + prior + options → fit on a design matrix → result.
+//!
+//! ```
+//! use epifusion::fit::{fit, FitOptions};
+//! use epifusion::model::design::{DesignBuilder, OutcomeRecord};
+//! use epifusion::model::{ModelKind, Ties};
+//!
+//! // Therneau & Grambsch test 1: time 1,1,6,6,8,9; status 1,0,1,1,0,1; x 1,1,1,0,0,0.
+//! let mut b = DesignBuilder::new();
+//! let (t, s, x) = ([1., 1., 6., 6., 8., 9.], [1., 0., 1., 1., 0., 1.], [1., 1., 1., 0., 0., 0.]);
+//! for i in 0..6 {
+//!     b.push_outcome(OutcomeRecord { row_id: i as i64, time: Some(t[i]), y: s[i], ..Default::default() });
+//!     b.push_covariate(i as i64, 1, x[i]);
+//! }
+//! let design = b.build()?;
+//! let mut opts = FitOptions::new(ModelKind::Cox);
+//! opts.ties = Ties::Breslow;
+//! let result = fit(&design, &opts)?;
+//! assert!((result.coefficients[0].estimate - 1.475285).abs() < 1e-5);
+//! assert!((result.log_likelihood - -3.824750).abs() < 1e-5);
+//! # Ok::<(), epifusion::Error>(())
+//! ```
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `model` | – | [`ModelKind`] |
+//! | `ties` | Breslow | Cox / Fine–Gray ties |
+//! | `prior` | none | [`Prior`]: none, Laplace(λ) or Normal(σ²) |
+//! | `exclude` | [] | covariate ids never penalized (the intercept never is) |
+//! | `ccd` | see [`CcdOptions`] | tolerance 1e-6, max_iterations 1000 |
+//! | `ci` | profile | [`CiMethod`] for unpenalized coefficients |
+//! | `ci_level` | 0.95 | in (0, 1) |
+//! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
+//! | `device` | auto | [`Device`]: auto, cpu or cuda |
+
+use std::time::Instant;
+
+use crate::backend::Device;
+use crate::error::{Error, Result};
+use crate::model::ccd::{self, CcdOptions, FitStatus};
+use crate::model::design::DesignMatrix;
+use crate::model::inference;
+use crate::model::prior::{Prior, PriorSet};
+use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
+
+/// How confidence intervals are computed for unpenalized coefficients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CiMethod {
+    /// Profile likelihood (default).
+    #[default]
+    Profile,
+    /// Wald: estimate ± z·SE.
+    Wald,
+    /// No intervals (and no standard errors).
+    None,
+}
+
+impl CiMethod {
+    /// Parse `profile`, `wald` or `none`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "profile" => Ok(CiMethod::Profile),
+            "wald" => Ok(CiMethod::Wald),
+            "none" => Ok(CiMethod::None),
+            other => Err(Error::option(
+                "ci",
+                format!("unknown `{other}`; expected profile, wald or none"),
+            )),
+        }
+    }
+}
+
+/// Options of a fit. Build with [`FitOptions::new`] and adjust the fields.
+#[derive(Debug, Clone)]
+pub struct FitOptions {
+    /// The model.
+    pub model: ModelKind,
+    /// Ties (Cox, Fine–Gray).
+    pub ties: Ties,
+    /// Prior on the (non-excluded) coefficients.
+    pub prior: Prior,
+    /// Covariate ids excluded from the penalty.
+    pub exclude: Vec<i64>,
+    /// Optimizer options.
+    pub ccd: CcdOptions,
+    /// Interval method.
+    pub ci: CiMethod,
+    /// Interval level.
+    pub ci_level: f64,
+    /// Number of threads (None: rayon's default, all cores).
+    pub threads: Option<usize>,
+    /// Device to run on.
+    pub device: Device,
+}
+
+impl FitOptions {
+    /// Defaults for `model`: no prior, Breslow ties, profile CIs at 95%.
+    pub fn new(model: ModelKind) -> Self {
+        FitOptions {
+            model,
+            ties: Ties::Breslow,
+            prior: Prior::None,
+            exclude: Vec::new(),
+            ccd: CcdOptions::default(),
+            ci: CiMethod::Profile,
+            ci_level: 0.95,
+            threads: None,
+            device: Device::Auto,
+        }
+    }
+
+    /// Validate everything before any work starts.
+    pub fn check(&self) -> Result<()> {
+        self.ccd.check()?;
+        if !(self.ci_level > 0.0 && self.ci_level < 1.0) {
+            return Err(Error::option(
+                "ci_level",
+                format!("must be in (0, 1) (got {})", self.ci_level),
+            ));
+        }
+        if self.threads == Some(0) {
+            return Err(Error::option("threads", "must be ≥ 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One coefficient of a fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Coefficient {
+    /// Covariate id ([`crate::model::design::INTERCEPT_ID`] for the intercept).
+    pub covariate_id: i64,
+    /// Name (column name in wide input, `(Intercept)`, else the id).
+    pub name: String,
+    /// Estimate β̂.
+    pub estimate: f64,
+    /// Standard error (unpenalized coefficients only).
+    pub std_error: Option<f64>,
+    /// Lower confidence bound (unpenalized coefficients only; missing if unbounded).
+    pub ci_lower: Option<f64>,
+    /// Upper confidence bound.
+    pub ci_upper: Option<f64>,
+    /// Whether the prior applies to this coefficient.
+    pub penalized: bool,
+}
+
+/// Result of [`fit`].
+#[derive(Debug, Clone)]
+pub struct FitResult {
+    /// Model.
+    pub model: ModelKind,
+    /// One entry per column, in column order (intercept first when present).
+    pub coefficients: Vec<Coefficient>,
+    /// Log-likelihood (without data-independent constants; see each model's docs).
+    pub log_likelihood: f64,
+    /// Log prior (without normalizing constants).
+    pub log_prior: f64,
+    /// Full CCD cycles.
+    pub iterations: usize,
+    /// Status.
+    pub status: FitStatus,
+    /// Coordinate updates.
+    pub coordinate_updates: u64,
+    /// Wall time of the whole fit (including SEs and CIs), seconds.
+    pub seconds: f64,
+    /// Wall time of the optimization alone, seconds.
+    pub fit_seconds: f64,
+    /// Objective after each cycle.
+    pub objective_trace: Vec<f64>,
+    /// Rows and strata used.
+    pub n_rows: usize,
+    /// Number of strata.
+    pub n_strata: usize,
+    /// Interval method used.
+    pub ci: CiMethod,
+    /// Where the fit ran ("cpu").
+    pub device: String,
+    /// Why that device was chosen, when `auto` fell back to the CPU.
+    pub device_note: Option<String>,
+}
+
+impl FitResult {
+    /// The coefficient with covariate id `id`.
+    pub fn coefficient(&self, id: i64) -> Option<&Coefficient> {
+        self.coefficients.iter().find(|c| c.covariate_id == id)
+    }
+    /// log-likelihood + log prior.
+    pub fn objective(&self) -> f64 {
+        self.log_likelihood + self.log_prior
+    }
+}
+
+/// Fit `opts.model` to `design`. For logistic and Poisson regression an intercept column is
+/// added (on a copy of the design).
+pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    opts.check()?;
+    match opts.threads {
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| Error::option("threads", e.to_string()))?;
+            pool.install(|| fit_inner(design, opts))
+        }
+        None => fit_inner(design, opts),
+    }
+}
+
+fn fit_inner(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    let started = Instant::now();
+    let (device, device_note) = opts.device.resolve()?;
+    let with_intercept;
+    let x = if opts.model.has_intercept()
+        && design.columns.first().map(|c| c.id) != Some(crate::model::design::INTERCEPT_ID)
+    {
+        with_intercept = design.clone().with_intercept();
+        &with_intercept
+    } else {
+        design
+    };
+    for &id in &opts.exclude {
+        if x.column_index(id).is_none() {
+            return Err(Error::option(
+                "exclude",
+                format!("covariate id {id} is not a column of the design matrix"),
+            ));
+        }
+    }
+    let mut lik =
+        crate::backend::cpu::likelihood(opts.model, x, LikelihoodOptions { ties: opts.ties })?;
+    let excluded: Vec<bool> = x
+        .columns
+        .iter()
+        .map(|c| c.id == crate::model::design::INTERCEPT_ID || opts.exclude.contains(&c.id))
+        .collect();
+    let priors = PriorSet::new(opts.prior, &excluded);
+    let mut r = fit_likelihood(lik.as_mut(), x, &priors, opts, started)?;
+    r.device = device.into();
+    r.device_note = device_note;
+    Ok(r)
+}
+
+/// Fit an already-built likelihood on `x` (used by CV, profiles and the SQL layer).
+pub fn fit_likelihood(
+    lik: &mut dyn Likelihood,
+    x: &DesignMatrix,
+    priors: &PriorSet,
+    opts: &FitOptions,
+    started: Instant,
+) -> Result<FitResult> {
+    let p = x.n_cols();
+    let beta0 = vec![0.0; p];
+    let r = ccd::fit(lik, priors, &beta0, None, &opts.ccd)?;
+    let fit_seconds = r.seconds;
+    let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    let mut se = vec![None; p];
+    let mut lower = vec![None; p];
+    let mut upper = vec![None; p];
+    if r.status != FitStatus::IllConditioned && opts.ci != CiMethod::None && !unpenalized.is_empty()
+    {
+        lik.set_beta(&r.beta);
+        let s = inference::standard_errors(lik, &unpenalized);
+        for (k, &j) in unpenalized.iter().enumerate() {
+            se[j] = s[k];
+        }
+        match opts.ci {
+            CiMethod::Wald => {
+                let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
+                for &j in &unpenalized {
+                    if let Some(s) = se[j] {
+                        lower[j] = Some(r.beta[j] - z * s);
+                        upper[j] = Some(r.beta[j] + z * s);
+                    }
+                }
+            }
+            CiMethod::Profile => {
+                let objective = r.log_likelihood + r.log_prior;
+                for &j in &unpenalized {
+                    let scale = se[j].unwrap_or(f64::NAN);
+                    let pi = inference::profile_interval(
+                        lik,
+                        priors,
+                        &r.beta,
+                        objective,
+                        j,
+                        scale,
+                        opts.ci_level,
+                        &opts.ccd,
+                    )?;
+                    lower[j] = pi.lower;
+                    upper[j] = pi.upper;
+                }
+                lik.set_beta(&r.beta);
+            }
+            CiMethod::None => {}
+        }
+    }
+    let coefficients = x
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(j, c)| Coefficient {
+            covariate_id: c.id,
+            name: c.display_name(),
+            estimate: r.beta[j],
+            std_error: se[j],
+            ci_lower: lower[j],
+            ci_upper: upper[j],
+            penalized: !priors.is_unpenalized(j),
+        })
+        .collect();
+    Ok(FitResult {
+        model: opts.model,
+        coefficients,
+        log_likelihood: r.log_likelihood,
+        log_prior: r.log_prior,
+        iterations: r.iterations,
+        status: r.status,
+        coordinate_updates: r.coordinate_updates,
+        seconds: started.elapsed().as_secs_f64(),
+        fit_seconds,
+        objective_trace: r.objective_trace,
+        n_rows: x.n_rows(),
+        n_strata: x.n_strata(),
+        ci: opts.ci,
+        device: "cpu".into(),
+        device_note: None,
+    })
+}

@@ -76,7 +76,10 @@ impl CcdOptions {
     /// Validate the options.
     pub fn check(&self) -> Result<()> {
         if !(self.tolerance.is_finite() && self.tolerance > 0.0) {
-            return Err(Error::option("tolerance", format!("must be > 0 (got {})", self.tolerance)));
+            return Err(Error::option(
+                "tolerance",
+                format!("must be > 0 (got {})", self.tolerance),
+            ));
         }
         if self.max_iterations == 0 {
             return Err(Error::option("max_iterations", "must be ≥ 1"));
@@ -179,9 +182,7 @@ fn attempt(
     if !obj.is_finite() {
         return ill(beta, ll, f64::NAN, 0, trace);
     }
-    let active: Vec<usize> = (0..p)
-        .filter(|&j| fixed.is_none_or(|f| !f[j]))
-        .collect();
+    let active: Vec<usize> = (0..p).filter(|&j| fixed.is_none_or(|f| !f[j])).collect();
     let mut status = FitStatus::MaxIterations;
     let mut iterations = 0;
     for cycle in 0..opts.max_iterations {

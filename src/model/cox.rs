@@ -15,11 +15,21 @@ impl Cox {
 }
 
 impl Likelihood for Cox {
-    fn n_coef(&self) -> usize { 0 }
+    fn n_coef(&self) -> usize {
+        0
+    }
     fn set_beta(&mut self, _beta: &[f64]) {}
-    fn log_likelihood(&mut self) -> f64 { 0.0 }
-    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn log_likelihood(&mut self) -> f64 {
+        0.0
+    }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) {
+        (0.0, 0.0)
+    }
     fn update(&mut self, _j: usize, _delta: f64) {}
-    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> {
+        Vec::new()
+    }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> {
+        Box::new(self.clone())
+    }
 }

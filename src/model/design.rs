@@ -308,15 +308,30 @@ impl DesignBuilder {
         let has_cw = any(|r| r.censor_weight.is_some());
         if has_strata && !all(|r| r.stratum_id.is_some()) {
             let (i, r) = first(&self.outcomes, |r| r.stratum_id.is_none());
-            return Err(bad(i, r.row_id, "stratum_id", "is NULL while other rows have a stratum"));
+            return Err(bad(
+                i,
+                r.row_id,
+                "stratum_id",
+                "is NULL while other rows have a stratum",
+            ));
         }
         if has_start && !all(|r| r.start_time.is_some()) {
             let (i, r) = first(&self.outcomes, |r| r.start_time.is_none());
-            return Err(bad(i, r.row_id, "start_time", "is NULL while other rows have one"));
+            return Err(bad(
+                i,
+                r.row_id,
+                "start_time",
+                "is NULL while other rows have one",
+            ));
         }
         if has_cw && !all(|r| r.censor_weight.is_some()) {
             let (i, r) = first(&self.outcomes, |r| r.censor_weight.is_none());
-            return Err(bad(i, r.row_id, "censor_weight", "is NULL while other rows have one"));
+            return Err(bad(
+                i,
+                r.row_id,
+                "censor_weight",
+                "is NULL while other rows have one",
+            ));
         }
 
         let mut rows = Rows {
@@ -384,7 +399,12 @@ impl DesignBuilder {
                 let c = r.censor_weight.unwrap_or(1.0);
                 finite(i, r.row_id, "censor_weight", c)?;
                 if !(c > 0.0 && c <= 1.0) {
-                    return Err(bad(i, r.row_id, "censor_weight", format!("({c}) is not in (0, 1]")));
+                    return Err(bad(
+                        i,
+                        r.row_id,
+                        "censor_weight",
+                        format!("({c}) is not in (0, 1]"),
+                    ));
                 }
                 cw.push(c);
             }
@@ -552,7 +572,10 @@ mod tests {
         b.push_covariate(1, 5, 1.0);
         b.push_covariate(1, 5, 1.0);
         let e = b.build().unwrap_err().to_string();
-        assert!(e.contains("row_id 1") && e.contains("covariate_id 5"), "{e}");
+        assert!(
+            e.contains("row_id 1") && e.contains("covariate_id 5"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -560,7 +583,13 @@ mod tests {
         let mut b = DesignBuilder::new();
         b.push_outcome(rec(1, 1.0, 1.0));
         b.push_covariate(2, 5, 1.0);
-        assert!(matches!(b.build(), Err(Error::UnknownRow { count: 1, first_row_id: 2 })));
+        assert!(matches!(
+            b.build(),
+            Err(Error::UnknownRow {
+                count: 1,
+                first_row_id: 2
+            })
+        ));
         let mut b = DesignBuilder::new();
         b.drop_unknown_rows(true);
         b.push_outcome(rec(1, 1.0, 1.0));
@@ -574,7 +603,10 @@ mod tests {
         b.push_outcome(rec(1, 1.0, 1.0));
         b.push_outcome(rec(2, f64::NAN, 1.0));
         let e = b.build().unwrap_err().to_string();
-        assert!(e.contains("row 1") && e.contains("row_id 2") && e.contains("`time`"), "{e}");
+        assert!(
+            e.contains("row 1") && e.contains("row_id 2") && e.contains("`time`"),
+            "{e}"
+        );
         assert!(matches!(DesignBuilder::new().build(), Err(Error::Empty(_))));
         let mut b = DesignBuilder::new();
         b.push_outcome(rec(1, 1.0, 1.0));

@@ -15,13 +15,23 @@ impl Logistic {
 }
 
 impl Likelihood for Logistic {
-    fn n_coef(&self) -> usize { 0 }
+    fn n_coef(&self) -> usize {
+        0
+    }
     fn set_beta(&mut self, _beta: &[f64]) {}
-    fn log_likelihood(&mut self) -> f64 { 0.0 }
-    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn log_likelihood(&mut self) -> f64 {
+        0.0
+    }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) {
+        (0.0, 0.0)
+    }
     fn update(&mut self, _j: usize, _delta: f64) {}
-    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> {
+        Vec::new()
+    }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> {
+        Box::new(self.clone())
+    }
 }
 /// Placeholder.
 #[derive(Clone)]
@@ -35,13 +45,23 @@ impl Poisson {
 }
 
 impl Likelihood for Poisson {
-    fn n_coef(&self) -> usize { 0 }
+    fn n_coef(&self) -> usize {
+        0
+    }
     fn set_beta(&mut self, _beta: &[f64]) {}
-    fn log_likelihood(&mut self) -> f64 { 0.0 }
-    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn log_likelihood(&mut self) -> f64 {
+        0.0
+    }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) {
+        (0.0, 0.0)
+    }
     fn update(&mut self, _j: usize, _delta: f64) {}
-    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> {
+        Vec::new()
+    }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> {
+        Box::new(self.clone())
+    }
 }
 /// Placeholder.
 #[derive(Clone)]
@@ -55,11 +75,21 @@ impl ConditionalLogistic {
 }
 
 impl Likelihood for ConditionalLogistic {
-    fn n_coef(&self) -> usize { 0 }
+    fn n_coef(&self) -> usize {
+        0
+    }
     fn set_beta(&mut self, _beta: &[f64]) {}
-    fn log_likelihood(&mut self) -> f64 { 0.0 }
-    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) { (0.0, 0.0) }
+    fn log_likelihood(&mut self) -> f64 {
+        0.0
+    }
+    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) {
+        (0.0, 0.0)
+    }
     fn update(&mut self, _j: usize, _delta: f64) {}
-    fn information(&mut self, _cols: &[usize]) -> Vec<f64> { Vec::new() }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> { Box::new(self.clone()) }
+    fn information(&mut self, _cols: &[usize]) -> Vec<f64> {
+        Vec::new()
+    }
+    fn boxed_clone(&self) -> Box<dyn Likelihood> {
+        Box::new(self.clone())
+    }
 }

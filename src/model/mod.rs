@@ -91,13 +91,20 @@ impl ModelKind {
         };
         let needs_positive_time = matches!(
             self,
-            ModelKind::ConditionalPoisson | ModelKind::Poisson | ModelKind::Cox | ModelKind::FineGray
+            ModelKind::ConditionalPoisson
+                | ModelKind::Poisson
+                | ModelKind::Cox
+                | ModelKind::FineGray
         ) && r.start_time.is_none();
         for i in 0..x.n_rows() {
             let y = r.y[i];
             let t = r.time[i];
             if needs_positive_time && t <= 0.0 {
-                return Err(bad(i, "time", format!("must be > 0 for {} (got {t})", self.name())));
+                return Err(bad(
+                    i,
+                    "time",
+                    format!("must be > 0 for {} (got {t})", self.name()),
+                ));
             }
             let ok = match self {
                 ModelKind::Cox | ModelKind::Logistic | ModelKind::ConditionalLogistic => {
@@ -114,13 +121,20 @@ impl ModelKind {
                     }
                     _ => "0 or 1",
                 };
-                return Err(bad(i, "y", format!("must be {domain} for {} (got {y})", self.name())));
+                return Err(bad(
+                    i,
+                    "y",
+                    format!("must be {domain} for {} (got {y})", self.name()),
+                ));
             }
         }
         if r.start_time.is_some() && self != ModelKind::Cox {
             return Err(Error::BadColumn {
                 column: "start_time".into(),
-                message: format!("counting-process rows are only supported for cox, not {}", self.name()),
+                message: format!(
+                    "counting-process rows are only supported for cox, not {}",
+                    self.name()
+                ),
             });
         }
         if r.censor_weight.is_some() && self != ModelKind::FineGray {
@@ -149,7 +163,10 @@ impl Ties {
         match s.to_ascii_lowercase().as_str() {
             "breslow" => Ok(Ties::Breslow),
             "efron" => Ok(Ties::Efron),
-            other => Err(Error::option("ties", format!("unknown `{other}`; expected breslow or efron"))),
+            other => Err(Error::option(
+                "ties",
+                format!("unknown `{other}`; expected breslow or efron"),
+            )),
         }
     }
 }

@@ -41,11 +41,17 @@ impl Prior {
             if v.is_finite() && v > 0.0 {
                 Ok(v)
             } else {
-                Err(Error::option(name, format!("must be a finite number > 0 (got {v})")))
+                Err(Error::option(
+                    name,
+                    format!("must be a finite number > 0 (got {v})"),
+                ))
             }
         };
         if variance.is_some() && lambda.is_some() {
-            return Err(Error::option("variance", "give either `variance` or `lambda`, not both"));
+            return Err(Error::option(
+                "variance",
+                "give either `variance` or `lambda`, not both",
+            ));
         }
         match family.to_ascii_lowercase().as_str() {
             "none" | "" => {
@@ -58,7 +64,12 @@ impl Prior {
                 let lambda = match (variance, lambda) {
                     (Some(v), None) => (2.0 / positive("variance", v)?).sqrt(),
                     (None, Some(l)) => positive("lambda", l)?,
-                    _ => return Err(Error::option("prior", "laplace needs `variance` or `lambda`")),
+                    _ => {
+                        return Err(Error::option(
+                            "prior",
+                            "laplace needs `variance` or `lambda`",
+                        ))
+                    }
                 };
                 Ok(Prior::Laplace { lambda })
             }
@@ -66,7 +77,12 @@ impl Prior {
                 let variance = match (variance, lambda) {
                     (Some(v), None) => positive("variance", v)?,
                     (None, Some(l)) => 1.0 / positive("lambda", l)?,
-                    _ => return Err(Error::option("prior", "normal needs `variance` or `lambda`")),
+                    _ => {
+                        return Err(Error::option(
+                            "prior",
+                            "normal needs `variance` or `lambda`",
+                        ))
+                    }
                 };
                 Ok(Prior::Normal { variance })
             }

@@ -1,0 +1,14 @@
+//! The CPU backend: the likelihoods of [`crate::model`], parallelized with rayon.
+
+use crate::error::Result;
+use crate::model::design::DesignMatrix;
+use crate::model::{Likelihood, LikelihoodOptions, ModelKind};
+
+/// The CPU likelihood of `kind` on `x` (checks the rows for the model first).
+pub fn likelihood(
+    kind: ModelKind,
+    x: &DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    crate::model::cpu_likelihood(kind, x, opts)
+}
