@@ -1,1 +1,3 @@
+//! Integration tests, compiled as one binary.
 
+mod fit_api;
