@@ -1,1 +1,3 @@
-//! Arrow / Parquet / CSV glue.
+//! Arrow / Parquet / CSV glue and option parsing.
+
+pub mod options;
