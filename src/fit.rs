@@ -280,8 +280,10 @@ pub fn fit_likelihood(
                     let pi = inference::profile_interval(
                         lik,
                         priors,
-                        &r.beta,
-                        objective,
+                        inference::Optimum {
+                            beta: &r.beta,
+                            objective,
+                        },
                         j,
                         scale,
                         opts.ci_level,
