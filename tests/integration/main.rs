@@ -1,1 +1,4 @@
 
+mod golden_support;
+mod oracle;
+mod golden_cox;
