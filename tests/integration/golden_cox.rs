@@ -76,7 +76,11 @@ fn lung_efron(backend: Backend) {
     assert_ref("lung efron LL", f.ll, "-742.8482");
     assert_refs("lung efron se", &f.se, &["0.009223", "0.167458"]);
     // Published coefficients (summary.coxph prints 6 decimals).
-    assert_refs("lung efron β (published)", &f.beta, &["0.017045", "-0.513219"]);
+    assert_refs(
+        "lung efron β (published)",
+        &f.beta,
+        &["0.017045", "-0.513219"],
+    );
     // LR test 14.12 on 2 df.
     assert_ref("lung LR", 2.0 * (f.ll - f.ll0), "14.12");
 }
@@ -159,7 +163,11 @@ fn veteran_split() -> Survival {
 
 fn veteran_split_time_strata_efron(backend: Backend) {
     let data = veteran_split();
-    assert_eq!(data.y.iter().sum::<f64>(), 128.0, "events survive the split");
+    assert_eq!(
+        data.y.iter().sum::<f64>(),
+        128.0,
+        "events survive the split"
+    );
     let f = fit(backend, &data, Ties::Efron);
     assert_refs(
         "veteran split karno by period",
@@ -203,7 +211,9 @@ fn rossi_efron(backend: Backend) {
     assert_refs(
         "rossi efron se",
         &f.se,
-        &["0.19138", "0.02200", "0.30799", "0.21222", "0.38187", "0.19576", "0.02865"],
+        &[
+            "0.19138", "0.02200", "0.30799", "0.21222", "0.38187", "0.19576", "0.02865",
+        ],
     );
     assert_ref("rossi LL(0)", f.ll0, "-675.3806");
     assert_ref("rossi efron LL", f.ll, "-658.7477");
@@ -212,7 +222,9 @@ fn rossi_efron(backend: Backend) {
     assert_refs(
         "rossi efron β (published)",
         &f.beta,
-        &["-0.3794", "-0.0574", "0.3139", "-0.1498", "-0.4337", "-0.0849", "0.0915"],
+        &[
+            "-0.3794", "-0.0574", "0.3139", "-0.1498", "-0.4337", "-0.0849", "0.0915",
+        ],
     );
 }
 
@@ -243,7 +255,10 @@ fn rossi_laplace_kkt(backend: Backend) {
         let mut oracle = Oracle::new(ModelKind::Cox, &x, ties);
         let beta = laplace_fit_and_check(lik.as_mut(), &mut oracle, 5.0);
         let zeros = beta.iter().filter(|&&b| b == 0.0).count();
-        assert!(zeros > 0 && zeros < 7, "λ = 5 should zero some but not all: {beta:?}");
+        assert!(
+            zeros > 0 && zeros < 7,
+            "λ = 5 should zero some but not all: {beta:?}"
+        );
     }
 }
 

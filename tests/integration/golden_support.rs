@@ -83,7 +83,13 @@ impl Table {
             .map(|l| l.split(',').map(unquote).collect::<Vec<_>>())
             .collect();
         for (i, r) in rows.iter().enumerate() {
-            assert_eq!(r.len(), names.len(), "{name}: row {} has {} fields", i + 1, r.len());
+            assert_eq!(
+                r.len(),
+                names.len(),
+                "{name}: row {} has {} fields",
+                i + 1,
+                r.len()
+            );
         }
         Table { names, rows }
     }
@@ -245,7 +251,10 @@ pub fn fit_ml(lik: &mut dyn Likelihood) -> MlFit {
             .map(|j| (grad[j] * inv[j * p + j].sqrt()).abs())
             .fold(0.0, f64::max);
         if newton_steps == 0 {
-            assert!(worst < 1e-5, "ccd::fit stopped {worst:.2e} SE-units from the optimum");
+            assert!(
+                worst < 1e-5,
+                "ccd::fit stopped {worst:.2e} SE-units from the optimum"
+            );
         }
         if worst < 1e-11 {
             let ll = lik.log_likelihood();
@@ -263,7 +272,10 @@ pub fn fit_ml(lik: &mut dyn Likelihood) -> MlFit {
                 ccd: r,
             };
         }
-        assert!(newton_steps < 20, "Newton polish did not converge ({worst:.2e})");
+        assert!(
+            newton_steps < 20,
+            "Newton polish did not converge ({worst:.2e})"
+        );
         for a in 0..p {
             beta[a] += (0..p).map(|b| inv[a * p + b] * grad[b]).sum::<f64>();
         }
@@ -278,9 +290,9 @@ pub fn fit_ml(lik: &mut dyn Likelihood) -> MlFit {
 /// its last printed digit when the reference prints fewer digits than that.
 pub fn tolerance(expected: &str) -> f64 {
     let v: f64 = expected.parse().expect("numeric reference");
-    let decimals = expected
-        .split_once('.')
-        .map_or(0, |(_, frac)| frac.trim_end_matches(|c: char| !c.is_ascii_digit()).len());
+    let decimals = expected.split_once('.').map_or(0, |(_, frac)| {
+        frac.trim_end_matches(|c: char| !c.is_ascii_digit()).len()
+    });
     let half_unit = 0.5 * 10f64.powi(-(decimals as i32));
     (1e-6 * v.abs()).max(half_unit * (1.0 + 1e-9))
 }
@@ -387,7 +399,12 @@ pub fn assert_agrees_with_oracle(
     let all: Vec<usize> = (0..p).collect();
     let (i, io) = (lik.information(&all), oracle.information(&all));
     for k in 0..p * p {
-        assert!(close(i[k], io[k]), "{what}: information[{k}] {} vs oracle {}", i[k], io[k]);
+        assert!(
+            close(i[k], io[k]),
+            "{what}: information[{k}] {} vs oracle {}",
+            i[k],
+            io[k]
+        );
     }
     // Incremental update lands on the same state as set_beta.
     if p > 0 {

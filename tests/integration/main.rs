@@ -1,4 +1,4 @@
-
+mod golden_cox;
+mod golden_fine_gray;
 mod golden_support;
 mod oracle;
-mod golden_cox;

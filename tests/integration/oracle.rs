@@ -24,7 +24,8 @@
 //!
 //! The Kaplan–Meier censoring weights are unweighted (case weights do not enter G), as in R
 //! `survival::finegray` and `cmprsk::crr`.
-#![allow(dead_code)]
+// Index loops mirror the formulas (Σ over rows r of the risk set); helpers may go unused.
+#![allow(dead_code, clippy::needless_range_loop)]
 
 use epifusion::model::design::DesignMatrix;
 use epifusion::model::{Likelihood, ModelKind, Ties};
@@ -145,7 +146,12 @@ impl Oracle {
         let n = self.y.len();
         let k = cols.len();
         let eta: Vec<f64> = (0..n)
-            .map(|i| self.offset[i] + (0..self.p).map(|j| self.x[i][j] * self.beta[j]).sum::<f64>())
+            .map(|i| {
+                self.offset[i]
+                    + (0..self.p)
+                        .map(|j| self.x[i][j] * self.beta[j])
+                        .sum::<f64>()
+            })
             .collect();
         let e: Vec<f64> = eta.iter().map(|v| v.exp()).collect();
         let mut ll = 0.0;
@@ -175,7 +181,14 @@ impl Oracle {
             // Tied-event sums E0, E1, E2.
             let (mut e0, mut e1, mut e2) = (0.0, vec![0.0; k], vec![0.0; k * k]);
             for &i in &events {
-                add_moments(self.weight[i] * e[i], &self.x[i], cols, &mut e0, &mut e1, &mut e2);
+                add_moments(
+                    self.weight[i] * e[i],
+                    &self.x[i],
+                    cols,
+                    &mut e0,
+                    &mut e1,
+                    &mut e2,
+                );
             }
             let d = events.len();
             let big_w: f64 = events.iter().map(|&i| self.weight[i]).sum();
@@ -253,7 +266,11 @@ pub fn km_censoring_g_minus(time: &[f64], status: &[f64], stratum: &[u32]) -> Ve
 /// Like [`km_censoring_g_minus`] but with `survfit`'s usual tie convention, as `cmprsk::crr`
 /// uses it (`survfit(Surv(ftime, fstatus == 0))` evaluated at `ftime * (1 − 100 ε)`): failures
 /// at a censoring time c are still at risk for censoring at c (#at risk = #{time ≥ c}).
-pub fn km_censoring_g_minus_survfit_ties(time: &[f64], status: &[f64], stratum: &[u32]) -> Vec<f64> {
+pub fn km_censoring_g_minus_survfit_ties(
+    time: &[f64],
+    status: &[f64],
+    stratum: &[u32],
+) -> Vec<f64> {
     km_g_minus(time, status, stratum, true)
 }
 
@@ -299,11 +316,21 @@ mod tests {
 
     /// Small data with ties, strata, weights and (optionally) competing events.
     fn design(fine_gray: bool, counting: bool) -> DesignMatrix {
-        let time = [2.0, 2.0, 3.0, 3.0, 3.0, 5.0, 6.0, 6.0, 7.0, 9.0, 2.0, 4.0, 4.0, 8.0];
-        let y_cox = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
-        let y_fg = [1.0, 2.0, 1.0, 2.0, 0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 2.0, 0.0, 1.0];
-        let x1 = [0.5, -1.0, 1.5, 0.0, 2.0, -0.5, 1.0, 0.3, -1.2, 0.8, 0.1, 1.1, -0.7, 0.4];
-        let x2 = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0];
+        let time = [
+            2.0, 2.0, 3.0, 3.0, 3.0, 5.0, 6.0, 6.0, 7.0, 9.0, 2.0, 4.0, 4.0, 8.0,
+        ];
+        let y_cox = [
+            1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0,
+        ];
+        let y_fg = [
+            1.0, 2.0, 1.0, 2.0, 0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 2.0, 0.0, 1.0,
+        ];
+        let x1 = [
+            0.5, -1.0, 1.5, 0.0, 2.0, -0.5, 1.0, 0.3, -1.2, 0.8, 0.1, 1.1, -0.7, 0.4,
+        ];
+        let x2 = [
+            1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0,
+        ];
         let mut b = DesignBuilder::new();
         for i in 0..time.len() {
             b.push_outcome(OutcomeRecord {
@@ -337,11 +364,18 @@ mod tests {
             let (lp, gp, _) = f(&mut o, h);
             let (lm, gm, _) = f(&mut o, -h);
             let fd = (lp - lm) / (2.0 * h);
-            assert!((fd - g[j]).abs() < 1e-7 * (1.0 + g[j].abs()), "{kind:?} {ties:?} g{j}: {fd} vs {}", g[j]);
+            assert!(
+                (fd - g[j]).abs() < 1e-7 * (1.0 + g[j].abs()),
+                "{kind:?} {ties:?} g{j}: {fd} vs {}",
+                g[j]
+            );
             for a in 0..2 {
                 let fd2 = -(gp[a] - gm[a]) / (2.0 * h);
                 let want = info[a * 2 + j];
-                assert!((fd2 - want).abs() < 1e-6 * (1.0 + want.abs()), "{kind:?} {ties:?} I{a}{j}: {fd2} vs {want}");
+                assert!(
+                    (fd2 - want).abs() < 1e-6 * (1.0 + want.abs()),
+                    "{kind:?} {ties:?} I{a}{j}: {fd2} vs {want}"
+                );
             }
         }
         // gradient_hessian agrees with the full evaluation; update == set_beta.
@@ -364,7 +398,10 @@ mod tests {
     fn efron_without_ties_is_breslow() {
         let x = design(true, false);
         let groups = Oracle::new(ModelKind::FineGray, &x, Ties::Efron).event_groups();
-        assert!(groups.iter().all(|g| g.2.len() == 1), "fixture has no tied events of type 1");
+        assert!(
+            groups.iter().all(|g| g.2.len() == 1),
+            "fixture has no tied events of type 1"
+        );
         let mut a = Oracle::new(ModelKind::FineGray, &x, Ties::Efron);
         let mut b = Oracle::new(ModelKind::FineGray, &x, Ties::Breslow);
         a.set_beta(&[0.2, 0.4]);
@@ -383,7 +420,7 @@ mod tests {
         assert_eq!(&g[..3], &[1.0, 1.0, 1.0]);
         assert!((g[5] - 5.0 / 6.0).abs() < 1e-15); // time 5
         assert!((g[8] - 5.0 / 6.0 * 2.0 / 3.0).abs() < 1e-15); // time 7
-        // Row 1 (competing at 2) in the risk set of the event at 7: G(7−)/G(2−).
+                                                               // Row 1 (competing at 2) in the risk set of the event at 7: G(7−)/G(2−).
         assert!((o.risk_weight(1, 7.0, g[8]) - 5.0 / 9.0).abs() < 1e-15);
         // Row 3 (competing at 3) at 3 itself: time ≥ t → weight 1.
         assert_eq!(o.risk_weight(3, 3.0, g[2]), 1.0);
