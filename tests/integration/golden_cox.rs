@@ -365,3 +365,26 @@ fn therneau_test3_weighted_efron(backend: Backend) {
     assert_ref("test3 efron LL", f.ll, "-29.41678");
     assert_ref("test3 efron I(β̂)", f.info[0], "1.969447");
 }
+
+/// Seeded random designs (ties, strata, weights, (start, stop]): the engine's value,
+/// derivatives and information equal the oracle's. Fails until the engine lands.
+mod random {
+    use super::*;
+    use crate::golden_support::{random_survival, SplitMix};
+
+    #[test]
+    fn engine_vs_brute_force() {
+        let mut rng = SplitMix(20_261_121);
+        for case in 0..40 {
+            let data = random_survival(&mut rng, false);
+            let x = data.design();
+            let beta: Vec<f64> = (0..3).map(|_| rng.unif() - 0.5).collect();
+            for ties in [Ties::Breslow, Ties::Efron] {
+                let mut engine = Backend::Engine.likelihood(ModelKind::Cox, &x, ties);
+                let mut oracle = Oracle::new(ModelKind::Cox, &x, ties);
+                let what = format!("random Cox case {case} {ties:?}");
+                assert_agrees_with_oracle(engine.as_mut(), &mut oracle, &beta, &what);
+            }
+        }
+    }
+}

@@ -417,3 +417,79 @@ pub fn assert_agrees_with_oracle(
         assert!(close(l, o), "{what}: LL after update {l} vs oracle {o}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Seeded random designs for engine-versus-oracle checks
+
+/// SplitMix64: a tiny seeded generator (no dependency).
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unif(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform integer in 0..n.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// A random survival data set with heavy ties (integer times 1..=12), up to 3 strata,
+/// optional case weights, optional (start, stop] rows (Cox only) and, for Fine–Gray,
+/// y ∈ {0, 1, 2}; covariates: a 0/1 indicator, a sparse continuous and a dense column.
+pub fn random_survival(rng: &mut SplitMix, fine_gray: bool) -> Survival {
+    let n = 20 + rng.below(60) as usize;
+    let strata = 1 + rng.below(3) as i64;
+    let weighted = rng.below(2) == 1;
+    let counting = !fine_gray && rng.below(2) == 1;
+    let mut d = Survival {
+        start: counting.then(Vec::new),
+        stratum: (strata > 1).then(Vec::new),
+        weight: weighted.then(Vec::new),
+        covariates: vec![Vec::new(); 3],
+        ..Default::default()
+    };
+    for _ in 0..n {
+        let time = 1.0 + rng.below(12) as f64;
+        d.time.push(time);
+        let u = rng.unif();
+        d.y.push(if u < 0.45 {
+            1.0
+        } else if fine_gray && u < 0.7 {
+            2.0
+        } else {
+            0.0
+        });
+        if let Some(s) = d.start.as_mut() {
+            s.push(if rng.below(3) == 0 {
+                rng.below(time as u64) as f64
+            } else {
+                0.0
+            });
+        }
+        if let Some(s) = d.stratum.as_mut() {
+            s.push(rng.below(strata as u64) as i64 * 7 - 3);
+        }
+        if let Some(w) = d.weight.as_mut() {
+            w.push([0.5, 1.0, 2.0, 3.0][rng.below(4) as usize]);
+        }
+        d.covariates[0].push(rng.below(2) as f64);
+        d.covariates[1].push(if rng.below(3) == 0 {
+            4.0 * rng.unif() - 2.0
+        } else {
+            0.0
+        });
+        d.covariates[2].push(rng.unif() * 3.0 - 1.0);
+    }
+    d
+}
