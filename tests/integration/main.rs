@@ -1,3 +1,7 @@
 //! Integration tests, compiled as one binary.
 
 mod fit_api;
+mod golden_cox;
+mod golden_fine_gray;
+mod golden_support;
+mod oracle;
