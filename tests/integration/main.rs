@@ -1,1 +1,1 @@
-
+mod golden_sccs;
