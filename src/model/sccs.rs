@@ -143,7 +143,7 @@ impl StratumColumn {
 
     /// (Σ n_s p_s, Σ n_s (N2/D − p²)) over the runs of chunk `c`.
     #[inline]
-    fn partial(&self, c: usize, te: &[f64], d: &[f64], n: &[f64]) -> (f64, f64) {
+    fn partial(&self, c: usize, te: &[f64], nd: &[[f64; 2]]) -> (f64, f64) {
         let (r0, r1) = (self.chunk_start[c] as usize, self.chunk_start[c + 1] as usize);
         let mut g = 0.0;
         let mut h = 0.0;
@@ -156,9 +156,10 @@ impl StratumColumn {
                     for &p in &self.pos[a..b] {
                         num += te[p as usize];
                     }
-                    let prob = num / d[s];
-                    g += n[s] * prob;
-                    h += n[s] * prob * (1.0 - prob);
+                    let [ns, ds] = nd[s];
+                    let prob = num / ds;
+                    g += ns * prob;
+                    h += ns * prob * (1.0 - prob);
                 }
             }
             Some(val) => {
@@ -172,10 +173,10 @@ impl StratumColumn {
                         num += tex;
                         num2 += tex * x;
                     }
-                    let ds = d[s];
+                    let [ns, ds] = nd[s];
                     let prob = num / ds;
-                    g += n[s] * prob;
-                    h += n[s] * (num2 / ds - prob * prob);
+                    g += ns * prob;
+                    h += ns * (num2 / ds - prob * prob);
                 }
             }
         }
@@ -185,22 +186,28 @@ impl StratumColumn {
 
 /// Conditional Poisson regression with log(time) offset (SCCS; Cyclops `cpr`). See the module
 /// docs for the objective, the inputs it uses and the constants it leaves out.
+///
+/// Only rows with at least one nonzero covariate are kept per row ("covered" rows); the rows
+/// without covariates of a stratum enter through the constant `base_s` = Σ t_k e^{offset_k}, so
+/// D_s = base_s + Σ_{covered k∈s} t_k e^{η_k}.
 #[derive(Debug, Clone)]
 pub struct ConditionalPoisson {
-    /// Per internal row: (weighted) time t_k.
+    /// Per covered row: (weighted) time t_k.
     t: Vec<f64>,
-    /// Per internal row: t_k e^{η_k}.
+    /// Per covered row: t_k e^{η_k}.
     te: Vec<f64>,
-    /// Per internal row: offset (when supplied).
+    /// Per covered row: offset (when supplied).
     offset: Option<Vec<f64>>,
-    /// Σ_k y_k offset_k.
+    /// Σ_k y_k offset_k over all kept rows.
     y_offset: f64,
-    /// First internal row of each stratum; length strata + 1.
+    /// First covered row of each stratum; length strata + 1.
     stratum_start: Vec<u32>,
-    /// n_s per internal stratum.
-    n: Vec<f64>,
-    /// D_s per internal stratum.
-    d: Vec<f64>,
+    /// Per stratum: Σ t_k e^{offset_k} over its rows without covariates.
+    base: Vec<f64>,
+    /// Per stratum: [n_s, D_s] (kept together: one cache line per stratum).
+    nd: Vec<[f64; 2]>,
+    /// Rows kept (in strata with events, weight > 0), covered or not.
+    n_kept_rows: usize,
     /// Columns in internal order.
     cols: Vec<StratumColumn>,
     /// Current coefficients.
@@ -242,6 +249,7 @@ impl ConditionalPoisson {
             n_in[r.stratum[i] as usize] += w * y;
         }
         let stratum_key = |i: usize| r.stratum_ids.get(r.stratum[i] as usize).copied().unwrap_or(0);
+        let key = |i: u32| (stratum_key(i as usize), r.row_id[i as usize]);
         let mut kept: Vec<u32> = (0..n_rows as u32)
             .filter(|&i| {
                 let i = i as usize;
@@ -251,39 +259,56 @@ impl ConditionalPoisson {
         if kept.is_empty() {
             return Err(Error::Empty("no stratum has an event (all n_s = 0)".into()));
         }
-        kept.sort_unstable_by_key(|&i| (stratum_key(i as usize), r.row_id[i as usize]));
-
-        let m = kept.len();
-        let mut pos_of_row = vec![DROPPED; n_rows];
-        let mut t = Vec::with_capacity(m);
-        let mut y = Vec::with_capacity(m);
-        let mut row_stratum = Vec::with_capacity(m);
-        let mut stratum_start = Vec::new();
-        let mut n = Vec::new();
-        let mut offset = r.offset.as_ref().map(|_| Vec::with_capacity(m));
-        let mut y_offset = 0.0;
-        let mut last_stratum = u32::MAX;
-        for (p, &i) in kept.iter().enumerate() {
-            let i = i as usize;
-            pos_of_row[i] = p as u32;
-            let w = x.weight(i);
-            let yi = w * r.y[i];
-            t.push(w * if unit_time { 1.0 } else { r.time[i] });
-            y.push(yi);
-            if r.stratum[i] != last_stratum {
-                last_stratum = r.stratum[i];
-                stratum_start.push(p as u32);
-                n.push(0.0);
-            }
-            *n.last_mut().expect("pushed above") += yi;
-            row_stratum.push((stratum_start.len() - 1) as u32);
-            if let Some(o) = offset.as_mut() {
-                let oi = x.offset(i);
-                o.push(oi);
-                y_offset += yi * oi;
+        if !kept.windows(2).all(|w| key(w[0]) < key(w[1])) {
+            kept.sort_unstable_by_key(|&i| key(i));
+        }
+        let mut covered = vec![false; n_rows];
+        for c in &x.columns {
+            for (i, v) in c.entries() {
+                if v != 0.0 {
+                    covered[i] = true;
+                }
             }
         }
-        stratum_start.push(m as u32);
+
+        let mut pos_of_row = vec![DROPPED; n_rows];
+        let mut t = Vec::new();
+        let mut y = Vec::new();
+        let mut row_stratum = Vec::new();
+        let mut stratum_start = Vec::new();
+        let mut base = Vec::new();
+        let mut n = Vec::new();
+        let mut offset = r.offset.as_ref().map(|_| Vec::new());
+        let mut y_offset = 0.0;
+        let mut last_stratum = u32::MAX;
+        for &i in &kept {
+            let i = i as usize;
+            let w = x.weight(i);
+            let yi = w * r.y[i];
+            let ti = w * if unit_time { 1.0 } else { r.time[i] };
+            let oi = x.offset(i);
+            if r.stratum[i] != last_stratum {
+                last_stratum = r.stratum[i];
+                stratum_start.push(t.len() as u32);
+                n.push(0.0);
+                base.push(0.0);
+            }
+            let s = n.len() - 1;
+            n[s] += yi;
+            y_offset += yi * oi;
+            if covered[i] {
+                pos_of_row[i] = t.len() as u32;
+                t.push(ti);
+                y.push(yi);
+                row_stratum.push(s as u32);
+                if let Some(o) = offset.as_mut() {
+                    o.push(oi);
+                }
+            } else {
+                base[s] += if oi == 0.0 { ti } else { ti * oi.exp() };
+            }
+        }
+        stratum_start.push(t.len() as u32);
         let cols = x
             .columns
             .iter()
@@ -292,15 +317,15 @@ impl ConditionalPoisson {
                 StratumColumn::new(pos, val, &row_stratum, &y)
             })
             .collect::<Vec<_>>();
-        let n_strata = n.len();
         let mut me = ConditionalPoisson {
             te: t.clone(),
             t,
             offset,
             y_offset,
             stratum_start,
-            n,
-            d: vec![0.0; n_strata],
+            base,
+            nd: n.into_iter().map(|ns| [ns, 0.0]).collect(),
+            n_kept_rows: kept.len(),
             beta: vec![0.0; cols.len()],
             cols,
         };
@@ -311,12 +336,12 @@ impl ConditionalPoisson {
 
     /// Number of strata kept (strata with at least one event).
     pub fn n_strata(&self) -> usize {
-        self.n.len()
+        self.nd.len()
     }
 
     /// Number of rows kept (rows of strata with at least one event, weight > 0).
     pub fn n_rows(&self) -> usize {
-        self.t.len()
+        self.n_kept_rows
     }
 
     /// Current coefficients.
@@ -324,16 +349,19 @@ impl ConditionalPoisson {
         &self.beta
     }
 
-    /// Recompute every D_s from t_k e_k (element-wise per stratum, so thread-count independent).
+    /// Recompute every D_s = base_s + Σ t_k e_k (element-wise per stratum, so independent of
+    /// the number of threads).
     fn recompute_denominators(&mut self) {
         let te = &self.te;
         let ss = &self.stratum_start;
-        self.d
+        let base = &self.base;
+        self.nd
             .par_iter_mut()
             .with_min_len(ROW_BLOCK / 16)
             .enumerate()
-            .for_each(|(s, d)| {
-                *d = te[ss[s] as usize..ss[s + 1] as usize].iter().sum();
+            .for_each(|(s, nd)| {
+                let covered = &te[ss[s] as usize..ss[s + 1] as usize];
+                nd[1] = covered.iter().fold(base[s], |acc, &e| acc + e);
             });
     }
 }
@@ -386,19 +414,19 @@ impl Likelihood for ConditionalPoisson {
             .zip(&self.beta)
             .map(|(c, &b)| if b == 0.0 { 0.0 } else { b * c.yx })
             .sum();
-        let blocks = self.n.len().div_ceil(ROW_BLOCK);
-        let (n, d) = (&self.n, &self.d);
+        let nd = &self.nd;
+        let blocks = nd.len().div_ceil(ROW_BLOCK);
         let (log_terms, _) = ordered_sum2(blocks, |c| {
-            let range = c * ROW_BLOCK..((c + 1) * ROW_BLOCK).min(n.len());
-            (n[range.clone()].iter().zip(&d[range]).map(|(&ns, &ds)| ns * ds.ln()).sum(), 0.0)
+            let range = c * ROW_BLOCK..((c + 1) * ROW_BLOCK).min(nd.len());
+            (nd[range].iter().map(|&[ns, ds]| ns * ds.ln()).sum(), 0.0)
         });
         self.y_offset + linear - log_terms
     }
 
     fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
         let col = &self.cols[j];
-        let (te, d, n) = (&self.te, &self.d, &self.n);
-        let (np, h) = ordered_sum2(col.n_chunks(), |c| col.partial(c, te, d, n));
+        let (te, nd) = (&self.te, &self.nd);
+        let (np, h) = ordered_sum2(col.n_chunks(), |c| col.partial(c, te, nd));
         (col.yx - np, h)
     }
 
@@ -409,7 +437,7 @@ impl Likelihood for ConditionalPoisson {
         self.beta[j] += delta;
         let col = &self.cols[j];
         let te = &mut self.te;
-        let d = &mut self.d;
+        let nd = &mut self.nd;
         let runs = col.run_stratum.len();
         match &col.val {
             None => {
@@ -423,7 +451,7 @@ impl Likelihood for ConditionalPoisson {
                         old += *e;
                         *e *= f;
                     }
-                    d[col.run_stratum[r] as usize] += old * fm1;
+                    nd[col.run_stratum[r] as usize][1] += old * fm1;
                 }
             }
             Some(val) => {
@@ -436,7 +464,7 @@ impl Likelihood for ConditionalPoisson {
                         change += *e * fm1;
                         *e += *e * fm1;
                     }
-                    d[col.run_stratum[r] as usize] += change;
+                    nd[col.run_stratum[r] as usize][1] += change;
                 }
             }
         }
@@ -460,9 +488,9 @@ impl Likelihood for ConditionalPoisson {
         let mut num = vec![0.0; k];
         let mut touched: Vec<usize> = Vec::new();
         let mut q = 0;
-        for s in 0..self.n.len() {
+        for s in 0..self.nd.len() {
             let end_row = self.stratum_start[s + 1];
-            let (ns, ds) = (self.n[s], self.d[s]);
+            let [ns, ds] = self.nd[s];
             // Rows of stratum s that have entries in the listed columns.
             while q < triples.len() && triples[q].0 < end_row {
                 let row = triples[q].0;
