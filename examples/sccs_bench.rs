@@ -42,7 +42,13 @@ fn generate(n_cases: usize, n_drugs: usize, seed: u64) -> DesignMatrix {
         .collect();
     let total = *cum.last().unwrap();
     let effect: Vec<f64> = (0..n_drugs)
-        .map(|_| if rng.unif() < 0.2 { (rng.unif() - 0.3) * 1.5 } else { 0.0 })
+        .map(|_| {
+            if rng.unif() < 0.2 {
+                (rng.unif() - 0.3) * 1.5
+            } else {
+                0.0
+            }
+        })
         .collect();
     let mut rows = Rows {
         has_strata: true,
@@ -63,9 +69,9 @@ fn generate(n_cases: usize, n_drugs: usize, seed: u64) -> DesignMatrix {
             let drug = cum.partition_point(|&c| c < u).min(n_drugs - 1);
             let start = rng.below(k as u64) as usize;
             let len = 1 + rng.below(3) as usize;
-            for r in start..(start + len).min(k) {
-                if !case_rows[r].1.contains(&drug) {
-                    case_rows[r].1.push(drug);
+            for (_, drugs) in case_rows.iter_mut().take(start + len).skip(start) {
+                if !drugs.contains(&drug) {
+                    drugs.push(drug);
                 }
             }
         }
@@ -118,8 +124,18 @@ fn generate(n_cases: usize, n_drugs: usize, seed: u64) -> DesignMatrix {
 /// CPU seconds used by this process so far (user + system, from /proc; 0 elsewhere).
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = |k: usize| fields.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |k: usize| {
+        fields
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // Fields 14 and 15 of /proc/<pid>/stat (utime, stime) are at 11 and 12 after the ')'.
     (ticks(11) + ticks(12)) / 100.0
 }
@@ -146,7 +162,14 @@ fn main() {
     let c2 = cpu_seconds();
     let p = lik.n_coef();
     let priors = PriorSet::new(Prior::Laplace { lambda }, &vec![false; p]);
-    let r = ccd::fit(&mut lik, &priors, &vec![0.0; p], None, &CcdOptions::default()).unwrap();
+    let r = ccd::fit(
+        &mut lik,
+        &priors,
+        &vec![0.0; p],
+        None,
+        &CcdOptions::default(),
+    )
+    .unwrap();
     let c3 = cpu_seconds();
     let nonzero = r.beta.iter().filter(|&&b| b != 0.0).count();
     println!(

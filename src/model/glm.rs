@@ -348,6 +348,8 @@ impl Likelihood for ConditionalLogistic {
 }
 
 #[cfg(test)]
+// The dense reference implementations read best with explicit indices.
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
     use crate::model::ccd::{self, CcdOptions, FitStatus};
@@ -439,7 +441,9 @@ mod tests {
                 }
             }
             let inv = invert_spd(&hm, p).unwrap();
-            let step: Vec<f64> = (0..p).map(|a| (0..p).map(|b| inv[a * p + b] * g[b]).sum()).collect();
+            let step: Vec<f64> = (0..p)
+                .map(|a| (0..p).map(|b| inv[a * p + b] * g[b]).sum())
+                .collect();
             for a in 0..p {
                 beta[a] += step[a];
             }
@@ -478,7 +482,10 @@ mod tests {
                 assert_eq!(r.status, FitStatus::Converged);
                 for j in 0..p {
                     let (a, b) = (r.beta[j], reference[j]);
-                    assert!((a - b).abs() < 1e-6 * b.abs().max(1e-3), "{family:?} β{j}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() < 1e-6 * b.abs().max(1e-3),
+                        "{family:?} β{j}: {a} vs {b}"
+                    );
                 }
                 // The information at the optimum inverts to a sane covariance.
                 let cols: Vec<usize> = (0..p).collect();
@@ -555,13 +562,19 @@ mod tests {
                     if j == 0 {
                         assert!(g.abs() < tol, "intercept gradient {g}");
                     } else if b == 0.0 {
-                        assert!(g.abs() <= lambda + tol, "{family:?} λ={lambda} j={j}: |{g}| > λ");
+                        assert!(
+                            g.abs() <= lambda + tol,
+                            "{family:?} λ={lambda} j={j}: |{g}| > λ"
+                        );
                     } else {
-                        assert!((g - lambda * b.signum()).abs() < tol, "{family:?} λ={lambda} j={j}: {g}");
+                        assert!(
+                            (g - lambda * b.signum()).abs() < tol,
+                            "{family:?} λ={lambda} j={j}: {g}"
+                        );
                     }
                 }
                 if lambda == 200.0 {
-                    assert!(r.beta[1..].iter().any(|&b| b == 0.0), "{:?}", r.beta);
+                    assert!(r.beta[1..].contains(&0.0), "{:?}", r.beta);
                 }
             }
         }
@@ -614,12 +627,21 @@ mod tests {
     #[test]
     fn rejects_bad_outcomes() {
         let mut b = DesignBuilder::new();
-        b.push_outcome(OutcomeRecord { row_id: 1, y: 2.0, ..Default::default() });
+        b.push_outcome(OutcomeRecord {
+            row_id: 1,
+            y: 2.0,
+            ..Default::default()
+        });
         let x = b.build().unwrap();
         assert!(Logistic::new(&x).is_err());
         assert!(Poisson::new(&x).is_ok());
         let mut b = DesignBuilder::new();
-        b.push_outcome(OutcomeRecord { row_id: 1, y: 1.0, time: Some(0.0), ..Default::default() });
+        b.push_outcome(OutcomeRecord {
+            row_id: 1,
+            y: 1.0,
+            time: Some(0.0),
+            ..Default::default()
+        });
         assert!(Poisson::new(&b.build().unwrap()).is_err());
     }
 }

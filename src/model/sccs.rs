@@ -57,7 +57,18 @@ pub(crate) const DROPPED: u32 = u32::MAX;
 
 /// A column's entries in internal row order: positions and values (`None`: all values are 1).
 pub(crate) fn internal_entries(col: &Column, pos_of_row: &[u32]) -> (Vec<u32>, Option<Vec<f64>>) {
-    let indicator = col.format == ColumnFormat::Indicator;
+    if col.format == ColumnFormat::Indicator {
+        let mut pos: Vec<u32> = col
+            .rows
+            .iter()
+            .map(|&i| pos_of_row[i as usize])
+            .filter(|&p| p != DROPPED)
+            .collect();
+        if !pos.windows(2).all(|w| w[0] < w[1]) {
+            pos.sort_unstable();
+        }
+        return (pos, None);
+    }
     let mut pairs: Vec<(u32, f64)> = col
         .entries()
         .filter(|&(_, v)| v != 0.0)
@@ -70,14 +81,17 @@ pub(crate) fn internal_entries(col: &Column, pos_of_row: &[u32]) -> (Vec<u32>, O
         pairs.sort_unstable_by_key(|e| e.0);
     }
     let pos = pairs.iter().map(|e| e.0).collect();
-    let all_ones = indicator || pairs.iter().all(|e| e.1 == 1.0);
+    let all_ones = pairs.iter().all(|e| e.1 == 1.0);
     let val = (!all_ones).then(|| pairs.iter().map(|e| e.1).collect());
     (pos, val)
 }
 
 /// Sum `(a, b)` pairs produced for chunks `0..n_chunks`, in chunk order. Runs in parallel when
 /// there is more than one chunk; the result does not depend on the number of threads.
-pub(crate) fn ordered_sum2(n_chunks: usize, f: impl Fn(usize) -> (f64, f64) + Sync + Send) -> (f64, f64) {
+pub(crate) fn ordered_sum2(
+    n_chunks: usize,
+    f: impl Fn(usize) -> (f64, f64) + Sync + Send,
+) -> (f64, f64) {
     if n_chunks <= 1 {
         return if n_chunks == 1 { f(0) } else { (0.0, 0.0) };
     }
@@ -144,7 +158,10 @@ impl StratumColumn {
     /// (Σ n_s p_s, Σ n_s (N2/D − p²)) over the runs of chunk `c`.
     #[inline]
     fn partial(&self, c: usize, te: &[f64], nd: &[[f64; 2]]) -> (f64, f64) {
-        let (r0, r1) = (self.chunk_start[c] as usize, self.chunk_start[c + 1] as usize);
+        let (r0, r1) = (
+            self.chunk_start[c] as usize,
+            self.chunk_start[c + 1] as usize,
+        );
         let mut g = 0.0;
         let mut h = 0.0;
         match &self.val {
@@ -243,12 +260,17 @@ impl ConditionalPoisson {
             if !(y >= 0.0 && y.is_finite()) {
                 return Err(bad(i, "y", format!("must be a finite count ≥ 0 (got {y})")));
             }
-            if !unit_time && !(r.time[i] > 0.0 && r.time[i].is_finite()) {
+            if !(unit_time || r.time[i] > 0.0 && r.time[i].is_finite()) {
                 return Err(bad(i, "time", format!("must be > 0 (got {})", r.time[i])));
             }
             n_in[r.stratum[i] as usize] += w * y;
         }
-        let stratum_key = |i: usize| r.stratum_ids.get(r.stratum[i] as usize).copied().unwrap_or(0);
+        let stratum_key = |i: usize| {
+            r.stratum_ids
+                .get(r.stratum[i] as usize)
+                .copied()
+                .unwrap_or(0)
+        };
         let key = |i: u32| (stratum_key(i as usize), r.row_id[i as usize]);
         let mut kept: Vec<u32> = (0..n_rows as u32)
             .filter(|&i| {
@@ -578,7 +600,14 @@ mod tests {
                 }
                 let y = if s % 7 == 3 { 0.0 } else { rng.below(3) as f64 };
                 let off = if with_offset { rng.unif() - 0.5 } else { 0.0 };
-                rows.push((id * 3 + 7, 500 - s as i64, 1.0 + rng.below(60) as f64, y, off, cov));
+                rows.push((
+                    id * 3 + 7,
+                    500 - s as i64,
+                    1.0 + rng.below(60) as f64,
+                    y,
+                    off,
+                    cov,
+                ));
             }
         }
         rows
@@ -632,14 +661,24 @@ mod tests {
             let mut lik = ConditionalPoisson::new(&x).unwrap();
             assert_eq!(lik.n_coef(), 4);
             let mut beta = vec![0.0; 4];
-            for (j, delta) in [(0, 0.3), (2, -0.7), (1, 0.2), (3, 0.5), (2, 0.25), (0, -0.1)] {
+            for (j, delta) in [
+                (0, 0.3),
+                (2, -0.7),
+                (1, 0.2),
+                (3, 0.5),
+                (2, 0.25),
+                (0, -0.1),
+            ] {
                 lik.update(j, delta);
                 beta[j] += delta;
             }
             let ll = lik.log_likelihood();
-            assert!((ll - brute_ll(&x, &beta)).abs() < 1e-9 * ll.abs().max(1.0), "{ll}");
+            assert!(
+                (ll - brute_ll(&x, &beta)).abs() < 1e-9 * ll.abs().max(1.0),
+                "{ll}"
+            );
             let eps = 1e-4;
-            let mut info_fd = vec![0.0; 16];
+            let mut info_fd = [0.0; 16];
             for j in 0..4 {
                 let (g, h) = lik.gradient_hessian(j);
                 let f = |b: &[f64]| brute_ll(&x, b);
@@ -649,8 +688,14 @@ mod tests {
                 bm[j] -= eps;
                 let g_fd = (f(&bp) - f(&bm)) / (2.0 * eps);
                 let h_fd = -(f(&bp) - 2.0 * f(&beta) + f(&bm)) / (eps * eps);
-                assert!((g - g_fd).abs() < 1e-6 * g.abs().max(1.0), "g{j}: {g} vs {g_fd}");
-                assert!((h - h_fd).abs() < 1e-4 * h.abs().max(1.0), "h{j}: {h} vs {h_fd}");
+                assert!(
+                    (g - g_fd).abs() < 1e-6 * g.abs().max(1.0),
+                    "g{j}: {g} vs {g_fd}"
+                );
+                assert!(
+                    (h - h_fd).abs() < 1e-4 * h.abs().max(1.0),
+                    "h{j}: {h} vs {h_fd}"
+                );
                 for k in 0..4 {
                     let mut bpp = bp.clone();
                     bpp[k] += eps;
@@ -660,7 +705,8 @@ mod tests {
                     bmp[k] += eps;
                     let mut bmm = bm.clone();
                     bmm[k] -= eps;
-                    info_fd[j * 4 + k] = -(f(&bpp) - f(&bpm) - f(&bmp) + f(&bmm)) / (4.0 * eps * eps);
+                    info_fd[j * 4 + k] =
+                        -(f(&bpp) - f(&bpm) - f(&bmp) + f(&bmm)) / (4.0 * eps * eps);
                 }
             }
             let info = lik.information(&[0, 1, 2, 3]);
@@ -752,7 +798,10 @@ mod tests {
         assert!(lik.cols[0].n_chunks() > 2 && lik.cols[1].n_chunks() >= 2);
         let mut results = Vec::new();
         for threads in [1, 2, 3] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             let r = pool.install(|| {
                 let (beta, ll) = fit_beta(&x, Prior::Laplace { lambda: 2.0 });
                 let mut lik = ConditionalPoisson::new(&x).unwrap();
@@ -802,7 +851,10 @@ mod tests {
                 ..Default::default()
             };
             let w = if k % 3 == 0 { 2.0 } else { 1.0 };
-            b.push_outcome(OutcomeRecord { weight: Some(w), ..rec });
+            b.push_outcome(OutcomeRecord {
+                weight: Some(w),
+                ..rec
+            });
             c.push_outcome(rec);
             for &(cv, v) in cov {
                 b.push_covariate(*id, cv, v);
@@ -838,6 +890,9 @@ mod tests {
             y: 0.0,
             ..Default::default()
         });
-        assert!(matches!(ConditionalPoisson::new(&b.build().unwrap()), Err(Error::Empty(_))));
+        assert!(matches!(
+            ConditionalPoisson::new(&b.build().unwrap()),
+            Err(Error::Empty(_))
+        ));
     }
 }

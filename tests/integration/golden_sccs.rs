@@ -41,7 +41,12 @@ fn read_csv(name: &str) -> Vec<BTreeMap<String, i64>> {
     let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut lines = text.lines();
-    let header: Vec<String> = lines.next().unwrap().split(',').map(str::to_owned).collect();
+    let header: Vec<String> = lines
+        .next()
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
     lines
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
@@ -131,7 +136,12 @@ fn build(cases: &[Case], risk: &[(i64, i64, i64)], age_starts: &[i64]) -> Sccs {
             elementary_intervals += 1;
         }
         let n_events: usize = rows.values().map(|r| r.1).sum();
-        assert_eq!(n_events, c.events.len(), "case {}: every event in [sta, end]", c.id);
+        assert_eq!(
+            n_events,
+            c.events.len(),
+            "case {}: every event in [sta, end]",
+            c.id
+        );
         for (k, (pattern, (days, events))) in rows.into_iter().enumerate() {
             let row_id = c.id * 1000 + k as i64;
             b.push_outcome(OutcomeRecord {
@@ -200,7 +210,10 @@ fn rel_close(got: f64, want: f64, rel: f64, what: &str) {
 /// `want` printed with `decimals` decimals: agree to half a unit in the last place.
 fn printed_close(got: f64, want: f64, decimals: i32, what: &str) {
     let half_ulp = 0.5 * 10f64.powi(-decimals) * (1.0 + 1e-9);
-    assert!((got - want).abs() <= half_ulp, "{what}: got {got:.10}, printed {want}");
+    assert!(
+        (got - want).abs() <= half_ulp,
+        "{what}: got {got:.10}, printed {want}"
+    );
 }
 
 fn coef(f: &Fit, x: &DesignMatrix, id: i64) -> (f64, f64) {
@@ -240,7 +253,17 @@ fn amdat_matches_published_stata_and_r() {
     // Profile-likelihood interval for the RI (no published numbers: check it is sensible).
     let j = x.column_index(1000).unwrap();
     let beta_hat = f.beta.clone();
-    let pi = profile_interval(&mut f.lik, &f.priors, &beta_hat, f.ll, j, se, 0.95, &tight()).unwrap();
+    let pi = profile_interval(
+        &mut f.lik,
+        &f.priors,
+        &beta_hat,
+        f.ll,
+        j,
+        se,
+        0.95,
+        &tight(),
+    )
+    .unwrap();
     let (lo, hi) = (pi.lower.unwrap(), pi.upper.unwrap());
     assert!(lo < b && b < hi, "profile interval {lo}..{hi} around {b}");
     assert!(lo > 0.0 && hi < b + 5.0 * se, "profile interval {lo}..{hi}");
@@ -251,7 +274,11 @@ fn amdat_matches_published_stata_and_r() {
         let mut fixed = vec![false; start.len()];
         fixed[j] = true;
         let r = ccd::fit(&mut f.lik, &f.priors, &start, Some(&fixed), &tight()).unwrap();
-        assert!((f.ll - r.log_likelihood - 1.920729410347062).abs() < 1e-6, "{}", r.log_likelihood);
+        assert!(
+            (f.ll - r.log_likelihood - 1.920729410347062).abs() < 1e-6,
+            "{}",
+            r.log_likelihood
+        );
     }
 }
 
@@ -277,14 +304,27 @@ fn itpdat_matches_sccs_package() {
     printed_close(se, 0.3799802, 7, "mod2 se");
     let want = [-0.4038760, -1.5693685, -1.2061463, -0.9230387, -0.9082000];
     for (g, &w) in want.iter().enumerate() {
-        rel_close(coef(&f2, &d2.x, 101 + g as i64).0, w, 1e-6, &format!("mod2 age{}", g + 2));
+        rel_close(
+            coef(&f2, &d2.x, 101 + g as i64).0,
+            w,
+            1e-6,
+            &format!("mod2 age{}", g + 2),
+        );
     }
     printed_close(f2.ll + d2.log_t_events, -73.04148, 5, "mod2 loglik");
 
     // mod3: risk split 0–14 / 15–28 / 29–42, same age groups.
-    let d3 = build(&all, &[(1000, 0, 14), (1001, 15, 28), (1002, 29, 42)], &ages);
+    let d3 = build(
+        &all,
+        &[(1000, 0, 14), (1001, 15, 28), (1002, 29, 42)],
+        &ages,
+    );
     let f3 = fit(&d3.x);
-    let want = [(0.2691659, 0.7529389), (1.7840593, 0.4388393), (0.9555898, 0.6375012)];
+    let want = [
+        (0.2691659, 0.7529389),
+        (1.7840593, 0.4388393),
+        (0.9555898, 0.6375012),
+    ];
     for (k, &(wb, wse)) in want.iter().enumerate() {
         let (b, se) = coef(&f3, &d3.x, 1000 + k as i64);
         rel_close(b, wb, 1e-6, &format!("mod3 risk{k} coef"));
