@@ -1,7 +1,8 @@
 //! SCCS benchmark with a seeded generator (DESIGN.md §10 style): N cases with ~16.9 intervals
 //! each, J drugs with skewed (Zipf-like) prevalence, Laplace λ, tolerance 1e-6.
 //!
-//! `cargo run --release --example sccs_bench -- [cases=1000000] [drugs=1000] [lambda=10]`;
+//! `cargo run --release --example sccs_bench -- [cases=1000000] [drugs=1000] [lambda=10]
+//! [max exposures per case=4]`;
 //! set `RAYON_NUM_THREADS=1` for single-thread CPU seconds.
 
 use std::time::Instant;
@@ -30,8 +31,9 @@ impl Rng {
 }
 
 /// Seeded synthetic SCCS data: every case has 9–25 intervals (mean 17); exposures are runs of
-/// consecutive intervals of drugs drawn with Zipf(1) prevalence; 20% of drugs have an effect.
-fn generate(n_cases: usize, n_drugs: usize, seed: u64) -> DesignMatrix {
+/// consecutive intervals (1–3) of
+/// 1..=`max_exposures` drugs per case drawn with Zipf(1) prevalence; 20% of drugs have an effect.
+fn generate(n_cases: usize, n_drugs: usize, max_exposures: u64, seed: u64) -> DesignMatrix {
     let mut rng = Rng(seed);
     // Zipf(1) cumulative weights for drug draws.
     let cum: Vec<f64> = (0..n_drugs)
@@ -63,7 +65,7 @@ fn generate(n_cases: usize, n_drugs: usize, seed: u64) -> DesignMatrix {
         for _ in 0..k {
             case_rows.push((1.0 + rng.below(60) as f64, Vec::new()));
         }
-        let n_exposures = 1 + rng.below(4) as usize;
+        let n_exposures = 1 + rng.below(max_exposures) as usize;
         for _ in 0..n_exposures {
             let u = rng.unif() * total;
             let drug = cum.partition_point(|&c| c < u).min(n_drugs - 1);
@@ -145,8 +147,9 @@ fn main() {
     let n_cases: usize = args.get(1).map_or(1_000_000, |s| s.parse().unwrap());
     let n_drugs: usize = args.get(2).map_or(1000, |s| s.parse().unwrap());
     let lambda: f64 = args.get(3).map_or(10.0, |s| s.parse().unwrap());
+    let max_exposures: u64 = args.get(4).map_or(4, |s| s.parse().unwrap());
     let t0 = Instant::now();
-    let x = generate(n_cases, n_drugs, 42);
+    let x = generate(n_cases, n_drugs, max_exposures, 42);
     println!(
         "generated: {} cases, {} rows, {} drugs, nnz {} ({:.1} s)",
         n_cases,
