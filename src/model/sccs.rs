@@ -179,9 +179,70 @@ impl StratumColumn {
     /// Prefetch the row state and stratum state of run `r` (if it exists).
     #[inline(always)]
     fn prefetch_run(&self, r: usize, te: &[f64], nd: &[[f64; 2]]) {
-        if r + 1 < self.run_start.len() {
-            prefetch(nd, self.run_stratum[r] as usize);
-            prefetch(te, self.pos[self.run_start[r] as usize] as usize);
+        self.prefetch_run_at(r, usize::MAX, te, 0, nd, 0);
+    }
+
+    /// [`Self::prefetch_run`] for slices of te and (n, D) that start at row `te_off` and
+    /// stratum `nd_off`, with runs limited to `r < r_end`.
+    #[inline(always)]
+    fn prefetch_run_at(
+        &self,
+        r: usize,
+        r_end: usize,
+        te: &[f64],
+        te_off: usize,
+        nd: &[[f64; 2]],
+        nd_off: usize,
+    ) {
+        if r < r_end && r + 1 < self.run_start.len() {
+            prefetch(nd, (self.run_stratum[r] as usize).saturating_sub(nd_off));
+            let p = self.pos[self.run_start[r] as usize] as usize;
+            prefetch(te, p.saturating_sub(te_off));
+        }
+    }
+
+    /// β_j += delta for the runs in `runs`: te and (n, D) are slices starting at row `te_off`
+    /// and stratum `nd_off` that cover every row and stratum of those runs.
+    fn update_runs(
+        &self,
+        runs: std::ops::Range<usize>,
+        delta: f64,
+        te: &mut [f64],
+        te_off: usize,
+        nd: &mut [[f64; 2]],
+        nd_off: usize,
+    ) {
+        let r_end = runs.end;
+        match &self.val {
+            None => {
+                let f = delta.exp();
+                let fm1 = delta.exp_m1();
+                for r in runs {
+                    self.prefetch_run_at(r + PREFETCH_RUNS, r_end, te, te_off, nd, nd_off);
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut old = 0.0;
+                    for &p in &self.pos[a..b] {
+                        let e = &mut te[p as usize - te_off];
+                        old += *e;
+                        *e *= f;
+                    }
+                    nd[self.run_stratum[r] as usize - nd_off][1] += old * fm1;
+                }
+            }
+            Some(val) => {
+                for r in runs {
+                    self.prefetch_run_at(r + PREFETCH_RUNS, r_end, te, te_off, nd, nd_off);
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut change = 0.0;
+                    for (&p, &x) in self.pos[a..b].iter().zip(&val[a..b]) {
+                        let e = &mut te[p as usize - te_off];
+                        let fm1 = (delta * x).exp_m1();
+                        change += *e * fm1;
+                        *e += *e * fm1;
+                    }
+                    nd[self.run_stratum[r] as usize - nd_off][1] += change;
+                }
+            }
         }
     }
 
@@ -490,40 +551,50 @@ impl Likelihood for ConditionalPoisson {
         }
         self.beta[j] += delta;
         let col = &self.cols[j];
-        let te = &mut self.te;
-        let nd = &mut self.nd;
-        let runs = col.run_stratum.len();
-        match &col.val {
-            None => {
-                let f = delta.exp();
-                let fm1 = delta.exp_m1();
-                for r in 0..runs {
-                    col.prefetch_run(r + PREFETCH_RUNS, te, nd);
-                    let (a, b) = (col.run_start[r] as usize, col.run_start[r + 1] as usize);
-                    let mut old = 0.0;
-                    for &p in &col.pos[a..b] {
-                        let e = &mut te[p as usize];
-                        old += *e;
-                        *e *= f;
-                    }
-                    nd[col.run_stratum[r] as usize][1] += old * fm1;
-                }
-            }
-            Some(val) => {
-                for r in 0..runs {
-                    col.prefetch_run(r + PREFETCH_RUNS, te, nd);
-                    let (a, b) = (col.run_start[r] as usize, col.run_start[r + 1] as usize);
-                    let mut change = 0.0;
-                    for (&p, &x) in col.pos[a..b].iter().zip(&val[a..b]) {
-                        let e = &mut te[p as usize];
-                        let fm1 = (delta * x).exp_m1();
-                        change += *e * fm1;
-                        *e += *e * fm1;
-                    }
-                    nd[col.run_stratum[r] as usize][1] += change;
-                }
-            }
+        let n_chunks = col.n_chunks();
+        if n_chunks <= 1 {
+            col.update_runs(
+                0..col.run_stratum.len(),
+                delta,
+                &mut self.te,
+                0,
+                &mut self.nd,
+                0,
+            );
+            return;
         }
+        // Chunks touch disjoint, increasing ranges of strata and hence of rows: hand each its
+        // own slices of te and (n, D). Every D_s is changed by exactly one chunk, with the same
+        // arithmetic as the sequential loop, so results do not depend on the thread count.
+        let mut pieces = Vec::with_capacity(n_chunks);
+        let (mut te_rest, mut nd_rest) = (&mut self.te[..], &mut self.nd[..]);
+        let (mut te_off, mut nd_off) = (0usize, 0usize);
+        for c in 0..n_chunks {
+            let runs = col.chunk_start[c] as usize..col.chunk_start[c + 1] as usize;
+            if runs.is_empty() {
+                continue;
+            }
+            let s_first = col.run_stratum[runs.start] as usize;
+            let s_end = col.run_stratum[runs.end - 1] as usize + 1;
+            let (row_lo, row_hi) = (
+                self.stratum_start[s_first] as usize,
+                self.stratum_start[s_end] as usize,
+            );
+            let (_, rest) = std::mem::take(&mut te_rest).split_at_mut(row_lo - te_off);
+            let (te_mine, rest) = rest.split_at_mut(row_hi - row_lo);
+            te_rest = rest;
+            te_off = row_hi;
+            let (_, rest) = std::mem::take(&mut nd_rest).split_at_mut(s_first - nd_off);
+            let (nd_mine, rest) = rest.split_at_mut(s_end - s_first);
+            nd_rest = rest;
+            nd_off = s_end;
+            pieces.push((runs, te_mine, row_lo, nd_mine, s_first));
+        }
+        pieces
+            .into_par_iter()
+            .for_each(|(runs, te, row_lo, nd, s_first)| {
+                col.update_runs(runs, delta, te, row_lo, nd, s_first)
+            });
     }
 
     fn information(&mut self, cols: &[usize]) -> Vec<f64> {
@@ -840,12 +911,30 @@ mod tests {
                 let (beta, ll) = fit_beta(&x, Prior::Laplace { lambda: 2.0 });
                 let mut lik = ConditionalPoisson::new(&x).unwrap();
                 lik.set_beta(&beta);
+                // Incremental (chunk-parallel) updates of the large columns, then compare with
+                // a from-scratch state.
+                let mut moved = beta.clone();
+                for (j, delta) in [(0, 0.3), (1, -0.45), (2, 0.2), (0, -0.1)] {
+                    lik.update(j, delta);
+                    moved[j] += delta;
+                }
                 let gh: Vec<(u64, u64)> = (0..3)
                     .map(|j| {
                         let (g, h) = lik.gradient_hessian(j);
                         (g.to_bits(), h.to_bits())
                     })
                     .collect();
+                let ll_inc = lik.log_likelihood();
+                let mut fresh = ConditionalPoisson::new(&x).unwrap();
+                fresh.set_beta(&moved);
+                let ll_fresh = fresh.log_likelihood();
+                assert!((ll_inc - ll_fresh).abs() < 1e-9 * ll_fresh.abs());
+                for (j, &(g, h)) in gh.iter().enumerate() {
+                    let (g0, h0) = fresh.gradient_hessian(j);
+                    let (g, h) = (f64::from_bits(g), f64::from_bits(h));
+                    assert!((g - g0).abs() < 1e-9 * g0.abs().max(1.0), "g{j} {g} {g0}");
+                    assert!((h - h0).abs() < 1e-9 * h0.abs().max(1.0), "h{j} {h} {h0}");
+                }
                 let beta_bits: Vec<u64> = beta.iter().map(|b| b.to_bits()).collect();
                 (beta_bits, ll.to_bits(), gh)
             });
