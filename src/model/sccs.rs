@@ -38,6 +38,15 @@
 //! Large columns are split into chunks of at least [`CHUNK_ENTRIES`] entries at run boundaries; the
 //! chunks' partial sums are computed in parallel with rayon and added in chunk order, so results
 //! are bit-identical for any number of threads. Columns with a single chunk never touch rayon.
+//! Updates of large columns run chunk-parallel too: chunks cover disjoint ranges of strata, so
+//! each D_s is changed by one chunk with the same arithmetic as a sequential loop.
+//!
+//! Rows without any covariate keep no per-row state: they enter D_s through a per-stratum
+//! constant (Σ t e^offset), so `set_beta` touches only rows that carry covariates. The gather
+//! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
+//! On the seeded generator in `examples/sccs_bench.rs` (10⁶ cases, 17M rows, J = 1000 drugs
+//! with Zipf prevalence, Laplace λ = 10, one thread) the fit takes ≈ 0.35 CPU-s with 4.8M
+//! nonzeros and ≈ 0.95 CPU-s with 16M nonzeros (3 cycles each), plus ≈ 0.6–1.0 CPU-s of setup.
 
 use rayon::prelude::*;
 
