@@ -625,6 +625,90 @@ mod tests {
     }
 
     #[test]
+    fn row_order_and_thread_count_do_not_matter() {
+        // 100k rows: several parallel chunks per column.
+        let x = data(Family::Logistic, 100_000, 31, true);
+        let mut rows: Vec<usize> = (0..x.n_rows()).collect();
+        rows.reverse();
+        // The same data with the outcome rows in reverse order.
+        let mut b = DesignBuilder::new();
+        for &i in &rows {
+            b.push_outcome(OutcomeRecord {
+                row_id: x.rows.row_id[i],
+                time: Some(x.rows.time[i]),
+                y: x.rows.y[i],
+                weight: Some(x.weight(i)),
+                offset: Some(x.offset(i)),
+                ..Default::default()
+            });
+        }
+        for c in &x.columns[1..] {
+            for (i, v) in c.entries() {
+                b.push_covariate(x.rows.row_id[i], c.id, v);
+            }
+        }
+        let reversed = b.build().unwrap().with_intercept();
+        for family in [Family::Logistic, Family::Poisson] {
+            let mut results = Vec::new();
+            for (threads, design) in [(1, &x), (2, &x), (3, &x), (2, &reversed)] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                results.push(pool.install(|| {
+                    let mut lik = build(family, design);
+                    let p = lik.n_coef();
+                    let mut excluded = vec![false; p];
+                    excluded[0] = true;
+                    let priors = PriorSet::new(Prior::Laplace { lambda: 3.0 }, &excluded);
+                    let opts = CcdOptions::default();
+                    let r = ccd::fit(lik.as_mut(), &priors, &vec![0.0; p], None, &opts).unwrap();
+                    let mut bits: Vec<u64> = r.beta.iter().map(|b| b.to_bits()).collect();
+                    bits.push(r.log_likelihood.to_bits());
+                    bits
+                }));
+            }
+            assert!(results.iter().all(|r| *r == results[0]), "{family:?}");
+        }
+    }
+
+    #[test]
+    fn built_through_cpu_likelihood() {
+        use crate::model::{cpu_likelihood, LikelihoodOptions, ModelKind};
+        let x = data(Family::Logistic, 50, 2, false);
+        for kind in [ModelKind::Logistic, ModelKind::Poisson] {
+            let lik = cpu_likelihood(kind, &x, LikelihoodOptions::default()).unwrap();
+            assert_eq!(lik.n_coef(), 4);
+        }
+        let mut b = DesignBuilder::new();
+        for i in 0..6i64 {
+            b.push_outcome(OutcomeRecord {
+                row_id: i,
+                stratum_id: Some(i / 2),
+                time: Some(2.0),
+                y: f64::from(i % 2 == 0),
+                ..Default::default()
+            });
+            b.push_covariate(i, 7, 1.0 + i as f64);
+        }
+        let x = b.build().unwrap();
+        for kind in [
+            ModelKind::ConditionalLogistic,
+            ModelKind::ConditionalPoisson,
+        ] {
+            let mut lik = cpu_likelihood(kind, &x, LikelihoodOptions::default()).unwrap();
+            assert_eq!(lik.n_coef(), 1);
+            // β = 0: each set contributes −log Σ t (t = 1 for conditional logistic).
+            let t: f64 = if kind == ModelKind::ConditionalLogistic {
+                1.0
+            } else {
+                2.0
+            };
+            assert!((lik.log_likelihood() + 3.0 * (2.0 * t).ln()).abs() < 1e-12);
+        }
+    }
+
+    #[test]
     fn rejects_bad_outcomes() {
         let mut b = DesignBuilder::new();
         b.push_outcome(OutcomeRecord {
