@@ -433,9 +433,10 @@ impl ConditionalPoisson {
             }
         }
         stratum_start.push(t.len() as u32);
+        // Columns are independent: convert them in parallel (each result is deterministic).
         let cols = x
             .columns
-            .iter()
+            .par_iter()
             .map(|c| {
                 let (pos, val) = internal_entries(c, &pos_of_row);
                 StratumColumn::new(pos, val, &row_stratum, &y)
