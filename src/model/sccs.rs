@@ -624,6 +624,7 @@ impl Likelihood for ConditionalPoisson {
         triples.sort_unstable_by_key(|t| (t.0, t.1));
         let mut num = vec![0.0; k];
         let mut touched: Vec<usize> = Vec::new();
+        let mut is_touched = vec![false; k];
         let mut q = 0;
         for s in 0..self.nd.len() {
             let end_row = self.stratum_start[s + 1];
@@ -640,7 +641,8 @@ impl Likelihood for ConditionalPoisson {
                 for u in q..q_end {
                     let (_, a, va) = triples[u];
                     let a = a as usize;
-                    if num[a] == 0.0 && !touched.contains(&a) {
+                    if !is_touched[a] {
+                        is_touched[a] = true;
                         touched.push(a);
                     }
                     num[a] += te * va;
@@ -658,6 +660,7 @@ impl Likelihood for ConditionalPoisson {
             }
             for &a in &touched {
                 num[a] = 0.0;
+                is_touched[a] = false;
             }
             touched.clear();
         }
