@@ -1,35 +1,1034 @@
-//! Placeholder: being written.
-use super::design::DesignMatrix;
+//! Self-controlled case series: conditional Poisson regression with a log(time) offset
+//! (Cyclops `cpr`), strata = cases.
+//!
+//! # Objective
+//!
+//! With η_k = x_kᵀβ + offset_k, e_k = exp η_k, t_k the interval length and s the stratum:
+//!
+//! LL(β) = Σ_k y_k η_k − Σ_s n_s log D_s,  D_s = Σ_{k∈s} t_k e_k,  n_s = Σ_{k∈s} y_k.
+//!
+//! This is the conditional log-likelihood **without constants**, the convention of paper 000
+//! eq. (2): Σ_i [Σ_k y_ik x_ikᵀβ − n_i log Σ_k l_ik e^{x_ikᵀβ}]. Left out are the terms that do
+//! not depend on β: Σ_k y_k log t_k and the multinomial coefficient Σ_s log(n_s! / Π_k y_k!).
+//! The R package SCCS (`standardsccs`, via `clogit` with `offset(log(interval))`, one stratum per
+//! *event*, unmerged elementary intervals) and Stata `xtpoisson, fe` on the same intervals
+//! report LL + Σ_events log t(event's elementary interval); see `tests/integration/golden_sccs.rs`.
+//!
+//! Derivatives for column j with N_sj = Σ_{k∈s} t_k e_k x_kj, N2_sj = Σ t_k e_k x_kj², p_s = N_sj/D_s:
+//! g_j = Σ_k y_k x_kj − Σ_s n_s p_s, h_j = Σ_s n_s (N2_sj/D_s − p_s²) (0/1 columns: n_s p_s(1−p_s)).
+//!
+//! # Data handling
+//!
+//! | input | use |
+//! |---|---|
+//! | `stratum_id` | the case (SCCS) or matched set; absent = one stratum |
+//! | `time` | t_k > 0 (interval length in days); 1 for conditional logistic |
+//! | `y` | event count ≥ 0 |
+//! | `weight` | optional frequency weight: a row of weight w counts as w copies of itself in its stratum (y → w·y, t → w·t); rows of weight 0 are dropped |
+//! | `offset` | optional, added to η |
+//!
+//! Strata with n_s = 0 contribute nothing and are dropped up front. Rows are kept internally in
+//! (stratum id, row id) order, so results do not depend on the input row order.
+//!
+//! # Work per coordinate
+//!
+//! Each column stores its nonzero rows in internal order grouped into *runs* (consecutive
+//! entries of one stratum), so [`Likelihood::gradient_hessian`] and [`Likelihood::update`] touch
+//! only the column's nonzeros and their strata's denominators: O(nnz_j) (paper 000's key idea).
+//! Large columns are split into chunks of at least [`CHUNK_ENTRIES`] entries at run boundaries; the
+//! chunks' partial sums are computed in parallel with rayon and added in chunk order, so results
+//! are bit-identical for any number of threads. Columns with a single chunk never touch rayon.
+//! Updates of large columns run chunk-parallel too: chunks cover disjoint ranges of strata, so
+//! each D_s is changed by one chunk with the same arithmetic as a sequential loop.
+//!
+//! Rows without any covariate keep no per-row state: they enter D_s through a per-stratum
+//! constant (Σ t e^offset), so `set_beta` touches only rows that carry covariates. The gather
+//! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
+//! On the seeded generator in `examples/sccs_bench.rs` (10⁶ cases, 17M rows, J = 1000 drugs
+//! with Zipf prevalence, Laplace λ = 10, one thread) the fit takes ≈ 0.35 CPU-s with 4.8M
+//! nonzeros and ≈ 0.95 CPU-s with 16M nonzeros (3 cycles each), plus ≈ 0.6–1.0 CPU-s of setup.
+
+use rayon::prelude::*;
+
+use super::design::{Column, ColumnFormat, DesignMatrix};
 use super::Likelihood;
 use crate::error::{Error, Result};
 
-/// Placeholder.
-#[derive(Clone)]
-pub struct ConditionalPoisson;
+/// Minimum number of entries in one parallel chunk of a column (fixed, independent of the
+/// number of threads).
+pub const CHUNK_ENTRIES: usize = 1 << 15;
+
+/// Row blocks for the element-wise passes of `set_beta` (fixed, independent of threads).
+const ROW_BLOCK: usize = 1 << 16;
+
+/// Marks a row that is not kept internally.
+pub(crate) const DROPPED: u32 = u32::MAX;
+
+/// A column's entries in internal row order: positions and values (`None`: all values are 1).
+pub(crate) fn internal_entries(col: &Column, pos_of_row: &[u32]) -> (Vec<u32>, Option<Vec<f64>>) {
+    if col.format == ColumnFormat::Indicator {
+        let mut pos: Vec<u32> = col
+            .rows
+            .iter()
+            .map(|&i| pos_of_row[i as usize])
+            .filter(|&p| p != DROPPED)
+            .collect();
+        if !pos.windows(2).all(|w| w[0] < w[1]) {
+            pos.sort_unstable();
+        }
+        return (pos, None);
+    }
+    let mut pairs: Vec<(u32, f64)> = col
+        .entries()
+        .filter(|&(_, v)| v != 0.0)
+        .filter_map(|(i, v)| {
+            let p = pos_of_row[i];
+            (p != DROPPED).then_some((p, v))
+        })
+        .collect();
+    if !pairs.windows(2).all(|w| w[0].0 < w[1].0) {
+        pairs.sort_unstable_by_key(|e| e.0);
+    }
+    let pos = pairs.iter().map(|e| e.0).collect();
+    let all_ones = pairs.iter().all(|e| e.1 == 1.0);
+    let val = (!all_ones).then(|| pairs.iter().map(|e| e.1).collect());
+    (pos, val)
+}
+
+/// Sum `(a, b)` pairs produced for chunks `0..n_chunks`, in chunk order. Runs in parallel when
+/// there is more than one chunk; the result does not depend on the number of threads.
+pub(crate) fn ordered_sum2(
+    n_chunks: usize,
+    f: impl Fn(usize) -> (f64, f64) + Sync + Send,
+) -> (f64, f64) {
+    if n_chunks <= 1 {
+        return if n_chunks == 1 { f(0) } else { (0.0, 0.0) };
+    }
+    let parts: Vec<(f64, f64)> = (0..n_chunks).into_par_iter().map(f).collect();
+    parts
+        .iter()
+        .fold((0.0, 0.0), |acc, p| (acc.0 + p.0, acc.1 + p.1))
+}
+
+/// How many runs ahead the gather loops prefetch.
+const PREFETCH_RUNS: usize = 16;
+
+/// Hint the CPU to fetch `slice[idx]` into cache (no effect where unsupported). The loops over a
+/// column's runs are bound by the latency of gathering t·e^η and (n_s, D_s) from scattered
+/// rows; prefetching a few runs ahead hides most of it.
+#[inline(always)]
+fn prefetch<T>(slice: &[T], idx: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = slice
+            .as_ptr()
+            .wrapping_add(idx.min(slice.len().saturating_sub(1)));
+        // SAFETY: a prefetch is only a hint to the cache; it never faults or reads memory
+        // architecturally, and the address is inside `slice` anyway.
+        unsafe { std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (slice, idx);
+}
+
+/// One column in internal order, grouped by stratum.
+#[derive(Debug, Clone)]
+struct StratumColumn {
+    /// Internal row positions, ascending.
+    pos: Vec<u32>,
+    /// Values per entry; `None` for 0/1 columns.
+    val: Option<Vec<f64>>,
+    /// Offsets into `pos` where each run (entries of one stratum) starts; length runs + 1.
+    run_start: Vec<u32>,
+    /// Stratum of each run.
+    run_stratum: Vec<u32>,
+    /// Run indices where each chunk starts; length chunks + 1 (≥ 2).
+    chunk_start: Vec<u32>,
+    /// Σ_k y_k x_kj (constant).
+    yx: f64,
+}
+
+impl StratumColumn {
+    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, row_stratum: &[u32], y: &[f64]) -> Self {
+        let mut run_start = Vec::new();
+        let mut run_stratum = Vec::new();
+        let mut chunk_start = vec![0u32];
+        let mut in_chunk = 0usize;
+        let mut yx = 0.0;
+        for (e, &p) in pos.iter().enumerate() {
+            let s = row_stratum[p as usize];
+            if run_stratum.last() != Some(&s) {
+                if in_chunk >= CHUNK_ENTRIES {
+                    chunk_start.push(run_stratum.len() as u32);
+                    in_chunk = 0;
+                }
+                run_start.push(e as u32);
+                run_stratum.push(s);
+            }
+            in_chunk += 1;
+            let x = val.as_ref().map_or(1.0, |v| v[e]);
+            yx += y[p as usize] * x;
+        }
+        run_start.push(pos.len() as u32);
+        chunk_start.push(run_stratum.len() as u32);
+        StratumColumn {
+            pos,
+            val,
+            run_start,
+            run_stratum,
+            chunk_start,
+            yx,
+        }
+    }
+
+    fn n_chunks(&self) -> usize {
+        self.chunk_start.len() - 1
+    }
+
+    /// Prefetch the row state and stratum state of run `r` (if it exists).
+    #[inline(always)]
+    fn prefetch_run(&self, r: usize, te: &[f64], nd: &[[f64; 2]]) {
+        self.prefetch_run_at(r, usize::MAX, te, 0, nd, 0);
+    }
+
+    /// [`Self::prefetch_run`] for slices of te and (n, D) that start at row `te_off` and
+    /// stratum `nd_off`, with runs limited to `r < r_end`.
+    #[inline(always)]
+    fn prefetch_run_at(
+        &self,
+        r: usize,
+        r_end: usize,
+        te: &[f64],
+        te_off: usize,
+        nd: &[[f64; 2]],
+        nd_off: usize,
+    ) {
+        if r < r_end && r + 1 < self.run_start.len() {
+            prefetch(nd, (self.run_stratum[r] as usize).saturating_sub(nd_off));
+            let p = self.pos[self.run_start[r] as usize] as usize;
+            prefetch(te, p.saturating_sub(te_off));
+        }
+    }
+
+    /// β_j += delta for the runs in `runs`: te and (n, D) are slices starting at row `te_off`
+    /// and stratum `nd_off` that cover every row and stratum of those runs.
+    fn update_runs(
+        &self,
+        runs: std::ops::Range<usize>,
+        delta: f64,
+        te: &mut [f64],
+        te_off: usize,
+        nd: &mut [[f64; 2]],
+        nd_off: usize,
+    ) {
+        let r_end = runs.end;
+        match &self.val {
+            None => {
+                let f = delta.exp();
+                let fm1 = delta.exp_m1();
+                for r in runs {
+                    self.prefetch_run_at(r + PREFETCH_RUNS, r_end, te, te_off, nd, nd_off);
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut old = 0.0;
+                    for &p in &self.pos[a..b] {
+                        let e = &mut te[p as usize - te_off];
+                        old += *e;
+                        *e *= f;
+                    }
+                    nd[self.run_stratum[r] as usize - nd_off][1] += old * fm1;
+                }
+            }
+            Some(val) => {
+                for r in runs {
+                    self.prefetch_run_at(r + PREFETCH_RUNS, r_end, te, te_off, nd, nd_off);
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut change = 0.0;
+                    for (&p, &x) in self.pos[a..b].iter().zip(&val[a..b]) {
+                        let e = &mut te[p as usize - te_off];
+                        let fm1 = (delta * x).exp_m1();
+                        change += *e * fm1;
+                        *e += *e * fm1;
+                    }
+                    nd[self.run_stratum[r] as usize - nd_off][1] += change;
+                }
+            }
+        }
+    }
+
+    /// (Σ n_s p_s, Σ n_s (N2/D − p²)) over the runs of chunk `c`.
+    #[inline]
+    fn partial(&self, c: usize, te: &[f64], nd: &[[f64; 2]]) -> (f64, f64) {
+        let (r0, r1) = (
+            self.chunk_start[c] as usize,
+            self.chunk_start[c + 1] as usize,
+        );
+        let mut g = 0.0;
+        let mut h = 0.0;
+        match &self.val {
+            None => {
+                for r in r0..r1 {
+                    self.prefetch_run(r + PREFETCH_RUNS, te, nd);
+                    let s = self.run_stratum[r] as usize;
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut num = 0.0;
+                    for &p in &self.pos[a..b] {
+                        num += te[p as usize];
+                    }
+                    let [ns, ds] = nd[s];
+                    let prob = num / ds;
+                    g += ns * prob;
+                    h += ns * prob * (1.0 - prob);
+                }
+            }
+            Some(val) => {
+                for r in r0..r1 {
+                    self.prefetch_run(r + PREFETCH_RUNS, te, nd);
+                    let s = self.run_stratum[r] as usize;
+                    let (a, b) = (self.run_start[r] as usize, self.run_start[r + 1] as usize);
+                    let mut num = 0.0;
+                    let mut num2 = 0.0;
+                    for (&p, &x) in self.pos[a..b].iter().zip(&val[a..b]) {
+                        let tex = te[p as usize] * x;
+                        num += tex;
+                        num2 += tex * x;
+                    }
+                    let [ns, ds] = nd[s];
+                    let prob = num / ds;
+                    g += ns * prob;
+                    h += ns * (num2 / ds - prob * prob);
+                }
+            }
+        }
+        (g, h)
+    }
+}
+
+/// Conditional Poisson regression with log(time) offset (SCCS; Cyclops `cpr`). See the module
+/// docs for the objective, the inputs it uses and the constants it leaves out.
+///
+/// Only rows with at least one nonzero covariate are kept per row ("covered" rows); the rows
+/// without covariates of a stratum enter through the constant `base_s` = Σ t_k e^{offset_k}, so
+/// D_s = base_s + Σ_{covered k∈s} t_k e^{η_k}.
+#[derive(Debug, Clone)]
+pub struct ConditionalPoisson {
+    /// Per covered row: (weighted) time t_k.
+    t: Vec<f64>,
+    /// Per covered row: t_k e^{η_k}.
+    te: Vec<f64>,
+    /// Per covered row: offset (when supplied).
+    offset: Option<Vec<f64>>,
+    /// Σ_k y_k offset_k over all kept rows.
+    y_offset: f64,
+    /// First covered row of each stratum; length strata + 1.
+    stratum_start: Vec<u32>,
+    /// Per stratum: Σ t_k e^{offset_k} over its rows without covariates.
+    base: Vec<f64>,
+    /// Per stratum: [n_s, D_s] (kept together: one cache line per stratum).
+    nd: Vec<[f64; 2]>,
+    /// Rows kept (in strata with events, weight > 0), covered or not.
+    n_kept_rows: usize,
+    /// Columns in internal order.
+    cols: Vec<StratumColumn>,
+    /// Current coefficients.
+    beta: Vec<f64>,
+}
 
 impl ConditionalPoisson {
-    /// Placeholder.
-    pub fn new(_x: &DesignMatrix) -> Result<Self> {
-        Err(Error::FitFailed("not implemented yet".into()))
+    /// Build from a design matrix (strata = `rows.stratum`, t = `rows.time`).
+    pub fn new(x: &DesignMatrix) -> Result<Self> {
+        Self::build(x, false)
+    }
+
+    /// Build with every t_k = 1 (conditional logistic regression; see
+    /// [`crate::model::glm::ConditionalLogistic`]).
+    pub(crate) fn with_unit_time(x: &DesignMatrix) -> Result<Self> {
+        Self::build(x, true)
+    }
+
+    fn build(x: &DesignMatrix, unit_time: bool) -> Result<Self> {
+        let r = &x.rows;
+        let n_rows = x.n_rows();
+        let bad = |i: usize, column: &str, message: String| Error::BadValue {
+            row: i,
+            row_id: r.row_id[i],
+            column: column.into(),
+            message,
+        };
+        // Events per (input) stratum, to drop strata without events.
+        let n_input_strata = r.stratum_ids.len().max(1);
+        let mut n_in = vec![0.0f64; n_input_strata];
+        for i in 0..n_rows {
+            let (y, w) = (r.y[i], x.weight(i));
+            if !(y >= 0.0 && y.is_finite()) {
+                return Err(bad(i, "y", format!("must be a finite count ≥ 0 (got {y})")));
+            }
+            if !(unit_time || r.time[i] > 0.0 && r.time[i].is_finite()) {
+                return Err(bad(i, "time", format!("must be > 0 (got {})", r.time[i])));
+            }
+            n_in[r.stratum[i] as usize] += w * y;
+        }
+        let stratum_key = |i: usize| {
+            r.stratum_ids
+                .get(r.stratum[i] as usize)
+                .copied()
+                .unwrap_or(0)
+        };
+        let key = |i: u32| (stratum_key(i as usize), r.row_id[i as usize]);
+        let mut kept: Vec<u32> = (0..n_rows as u32)
+            .filter(|&i| {
+                let i = i as usize;
+                x.weight(i) > 0.0 && n_in[r.stratum[i] as usize] > 0.0
+            })
+            .collect();
+        if kept.is_empty() {
+            return Err(Error::Empty("no stratum has an event (all n_s = 0)".into()));
+        }
+        if !kept.windows(2).all(|w| key(w[0]) < key(w[1])) {
+            kept.sort_unstable_by_key(|&i| key(i));
+        }
+        let mut covered = vec![false; n_rows];
+        for c in &x.columns {
+            for (i, v) in c.entries() {
+                if v != 0.0 {
+                    covered[i] = true;
+                }
+            }
+        }
+
+        let mut pos_of_row = vec![DROPPED; n_rows];
+        let mut t = Vec::new();
+        let mut y = Vec::new();
+        let mut row_stratum = Vec::new();
+        let mut stratum_start = Vec::new();
+        let mut base = Vec::new();
+        let mut n = Vec::new();
+        let mut offset = r.offset.as_ref().map(|_| Vec::new());
+        let mut y_offset = 0.0;
+        let mut last_stratum = u32::MAX;
+        for &i in &kept {
+            let i = i as usize;
+            let w = x.weight(i);
+            let yi = w * r.y[i];
+            let ti = w * if unit_time { 1.0 } else { r.time[i] };
+            let oi = x.offset(i);
+            if r.stratum[i] != last_stratum {
+                last_stratum = r.stratum[i];
+                stratum_start.push(t.len() as u32);
+                n.push(0.0);
+                base.push(0.0);
+            }
+            let s = n.len() - 1;
+            n[s] += yi;
+            y_offset += yi * oi;
+            if covered[i] {
+                pos_of_row[i] = t.len() as u32;
+                t.push(ti);
+                y.push(yi);
+                row_stratum.push(s as u32);
+                if let Some(o) = offset.as_mut() {
+                    o.push(oi);
+                }
+            } else {
+                base[s] += if oi == 0.0 { ti } else { ti * oi.exp() };
+            }
+        }
+        stratum_start.push(t.len() as u32);
+        // Columns are independent: convert them in parallel (each result is deterministic).
+        let cols = x
+            .columns
+            .par_iter()
+            .map(|c| {
+                let (pos, val) = internal_entries(c, &pos_of_row);
+                StratumColumn::new(pos, val, &row_stratum, &y)
+            })
+            .collect::<Vec<_>>();
+        let mut me = ConditionalPoisson {
+            te: t.clone(),
+            t,
+            offset,
+            y_offset,
+            stratum_start,
+            base,
+            nd: n.into_iter().map(|ns| [ns, 0.0]).collect(),
+            n_kept_rows: kept.len(),
+            beta: vec![0.0; cols.len()],
+            cols,
+        };
+        let beta = me.beta.clone();
+        me.set_beta(&beta);
+        Ok(me)
+    }
+
+    /// Number of strata kept (strata with at least one event).
+    pub fn n_strata(&self) -> usize {
+        self.nd.len()
+    }
+
+    /// Number of rows kept (rows of strata with at least one event, weight > 0).
+    pub fn n_rows(&self) -> usize {
+        self.n_kept_rows
+    }
+
+    /// Current coefficients.
+    pub fn beta(&self) -> &[f64] {
+        &self.beta
+    }
+
+    /// Recompute every D_s = base_s + Σ t_k e_k (element-wise per stratum, so independent of
+    /// the number of threads).
+    fn recompute_denominators(&mut self) {
+        let te = &self.te;
+        let ss = &self.stratum_start;
+        let base = &self.base;
+        self.nd
+            .par_iter_mut()
+            .with_min_len(ROW_BLOCK / 16)
+            .enumerate()
+            .for_each(|(s, nd)| {
+                let covered = &te[ss[s] as usize..ss[s + 1] as usize];
+                nd[1] = covered.iter().fold(base[s], |acc, &e| acc + e);
+            });
     }
 }
 
 impl Likelihood for ConditionalPoisson {
     fn n_coef(&self) -> usize {
-        0
+        self.cols.len()
     }
-    fn set_beta(&mut self, _beta: &[f64]) {}
+
+    fn set_beta(&mut self, beta: &[f64]) {
+        assert_eq!(beta.len(), self.cols.len(), "beta has the wrong length");
+        self.beta.copy_from_slice(beta);
+        // η in the te buffer first, then te = t·exp(η) in place.
+        match &self.offset {
+            Some(o) => self.te.copy_from_slice(o),
+            None => self.te.fill(0.0),
+        }
+        for (col, &b) in self.cols.iter().zip(beta) {
+            if b == 0.0 {
+                continue;
+            }
+            match &col.val {
+                None => {
+                    for &p in &col.pos {
+                        self.te[p as usize] += b;
+                    }
+                }
+                Some(v) => {
+                    for (&p, &x) in col.pos.iter().zip(v) {
+                        self.te[p as usize] += b * x;
+                    }
+                }
+            }
+        }
+        self.te
+            .par_chunks_mut(ROW_BLOCK)
+            .zip(self.t.par_chunks(ROW_BLOCK))
+            .for_each(|(te, t)| {
+                for (e, &ti) in te.iter_mut().zip(t) {
+                    *e = if *e == 0.0 { ti } else { ti * e.exp() };
+                }
+            });
+        self.recompute_denominators();
+    }
+
     fn log_likelihood(&mut self) -> f64 {
-        0.0
+        let linear: f64 = self
+            .cols
+            .iter()
+            .zip(&self.beta)
+            .map(|(c, &b)| if b == 0.0 { 0.0 } else { b * c.yx })
+            .sum();
+        let nd = &self.nd;
+        let blocks = nd.len().div_ceil(ROW_BLOCK);
+        let (log_terms, _) = ordered_sum2(blocks, |c| {
+            let range = c * ROW_BLOCK..((c + 1) * ROW_BLOCK).min(nd.len());
+            (nd[range].iter().map(|&[ns, ds]| ns * ds.ln()).sum(), 0.0)
+        });
+        self.y_offset + linear - log_terms
     }
-    fn gradient_hessian(&mut self, _j: usize) -> (f64, f64) {
-        (0.0, 0.0)
+
+    fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
+        let col = &self.cols[j];
+        let (te, nd) = (&self.te, &self.nd);
+        let (np, h) = ordered_sum2(col.n_chunks(), |c| col.partial(c, te, nd));
+        (col.yx - np, h)
     }
-    fn update(&mut self, _j: usize, _delta: f64) {}
-    fn information(&mut self, _cols: &[usize]) -> Vec<f64> {
-        Vec::new()
+
+    fn update(&mut self, j: usize, delta: f64) {
+        if delta == 0.0 {
+            return;
+        }
+        self.beta[j] += delta;
+        let col = &self.cols[j];
+        let n_chunks = col.n_chunks();
+        if n_chunks <= 1 {
+            col.update_runs(
+                0..col.run_stratum.len(),
+                delta,
+                &mut self.te,
+                0,
+                &mut self.nd,
+                0,
+            );
+            return;
+        }
+        // Chunks touch disjoint, increasing ranges of strata and hence of rows: hand each its
+        // own slices of te and (n, D). Every D_s is changed by exactly one chunk, with the same
+        // arithmetic as the sequential loop, so results do not depend on the thread count.
+        let mut pieces = Vec::with_capacity(n_chunks);
+        let (mut te_rest, mut nd_rest) = (&mut self.te[..], &mut self.nd[..]);
+        let (mut te_off, mut nd_off) = (0usize, 0usize);
+        for c in 0..n_chunks {
+            let runs = col.chunk_start[c] as usize..col.chunk_start[c + 1] as usize;
+            if runs.is_empty() {
+                continue;
+            }
+            let s_first = col.run_stratum[runs.start] as usize;
+            let s_end = col.run_stratum[runs.end - 1] as usize + 1;
+            let (row_lo, row_hi) = (
+                self.stratum_start[s_first] as usize,
+                self.stratum_start[s_end] as usize,
+            );
+            let (_, rest) = std::mem::take(&mut te_rest).split_at_mut(row_lo - te_off);
+            let (te_mine, rest) = rest.split_at_mut(row_hi - row_lo);
+            te_rest = rest;
+            te_off = row_hi;
+            let (_, rest) = std::mem::take(&mut nd_rest).split_at_mut(s_first - nd_off);
+            let (nd_mine, rest) = rest.split_at_mut(s_end - s_first);
+            nd_rest = rest;
+            nd_off = s_end;
+            pieces.push((runs, te_mine, row_lo, nd_mine, s_first));
+        }
+        pieces
+            .into_par_iter()
+            .for_each(|(runs, te, row_lo, nd, s_first)| {
+                col.update_runs(runs, delta, te, row_lo, nd, s_first)
+            });
     }
+
+    fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+        let k = cols.len();
+        let mut info = vec![0.0; k * k];
+        if k == 0 {
+            return info;
+        }
+        // Row-major triples (internal row, listed column, value) of the listed columns.
+        let mut triples: Vec<(u32, u32, f64)> = Vec::new();
+        for (a, &j) in cols.iter().enumerate() {
+            let col = &self.cols[j];
+            for (e, &p) in col.pos.iter().enumerate() {
+                triples.push((p, a as u32, col.val.as_ref().map_or(1.0, |v| v[e])));
+            }
+        }
+        triples.sort_unstable_by_key(|t| (t.0, t.1));
+        let mut num = vec![0.0; k];
+        let mut touched: Vec<usize> = Vec::new();
+        let mut is_touched = vec![false; k];
+        let mut q = 0;
+        for s in 0..self.nd.len() {
+            let end_row = self.stratum_start[s + 1];
+            let [ns, ds] = self.nd[s];
+            // Rows of stratum s that have entries in the listed columns.
+            while q < triples.len() && triples[q].0 < end_row {
+                let row = triples[q].0;
+                let mut q_end = q;
+                while q_end < triples.len() && triples[q_end].0 == row {
+                    q_end += 1;
+                }
+                let te = self.te[row as usize];
+                let scale = ns * te / ds;
+                for u in q..q_end {
+                    let (_, a, va) = triples[u];
+                    let a = a as usize;
+                    if !is_touched[a] {
+                        is_touched[a] = true;
+                        touched.push(a);
+                    }
+                    num[a] += te * va;
+                    for &(_, b, vb) in &triples[q..q_end] {
+                        info[a * k + b as usize] += scale * va * vb;
+                    }
+                }
+                q = q_end;
+            }
+            let c = ns / (ds * ds);
+            for &a in &touched {
+                for &b in &touched {
+                    info[a * k + b] -= c * num[a] * num[b];
+                }
+            }
+            for &a in &touched {
+                num[a] = 0.0;
+                is_touched[a] = false;
+            }
+            touched.clear();
+        }
+        info
+    }
+
     fn boxed_clone(&self) -> Box<dyn Likelihood> {
         Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ccd::{self, CcdOptions};
+    use crate::model::design::{DesignBuilder, OutcomeRecord};
+    use crate::model::prior::{Prior, PriorSet};
+
+    /// Tiny deterministic generator (SplitMix64).
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        pub fn unif(&mut self) -> f64 {
+            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+    }
+
+    /// One row of a random problem: (row_id, stratum, time, y, offset, covariates).
+    type Row = (i64, i64, f64, f64, f64, Vec<(i64, f64)>);
+
+    fn random_rows(seed: u64, n_strata: usize, with_offset: bool) -> Vec<Row> {
+        let mut rng = Rng(seed);
+        let mut rows = Vec::new();
+        let mut id = 0;
+        for s in 0..n_strata {
+            let k = 1 + rng.below(5) as usize;
+            for _ in 0..k {
+                id += 1;
+                let mut cov = Vec::new();
+                for c in 0..4i64 {
+                    if rng.unif() < 0.45 {
+                        // Column 2 is real-valued, the others are 0/1.
+                        let v = if c == 2 { rng.unif() * 2.0 - 0.5 } else { 1.0 };
+                        cov.push((1000 + c, v));
+                    }
+                }
+                let y = if s % 7 == 3 { 0.0 } else { rng.below(3) as f64 };
+                let off = if with_offset { rng.unif() - 0.5 } else { 0.0 };
+                rows.push((
+                    id * 3 + 7,
+                    500 - s as i64,
+                    1.0 + rng.below(60) as f64,
+                    y,
+                    off,
+                    cov,
+                ));
+            }
+        }
+        rows
+    }
+
+    fn design(rows: &[Row], with_offset: bool) -> DesignMatrix {
+        let mut b = DesignBuilder::new();
+        for (id, s, t, y, o, cov) in rows {
+            b.push_outcome(OutcomeRecord {
+                row_id: *id,
+                stratum_id: Some(*s),
+                time: Some(*t),
+                y: *y,
+                offset: with_offset.then_some(*o),
+                ..Default::default()
+            });
+            for &(c, v) in cov {
+                b.push_covariate(*id, c, v);
+            }
+        }
+        b.build().unwrap()
+    }
+
+    /// Brute-force LL straight from the definition.
+    fn brute_ll(x: &DesignMatrix, beta: &[f64]) -> f64 {
+        let dense: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(x.n_rows())).collect();
+        let ns = x.n_strata();
+        let mut d = vec![0.0; ns];
+        let mut n = vec![0.0; ns];
+        let mut ll = 0.0;
+        for i in 0..x.n_rows() {
+            let eta: f64 = x.offset(i) + dense.iter().zip(beta).map(|(c, b)| c[i] * b).sum::<f64>();
+            let s = x.rows.stratum[i] as usize;
+            d[s] += x.rows.time[i] * eta.exp();
+            n[s] += x.rows.y[i];
+            ll += x.rows.y[i] * eta;
+        }
+        for s in 0..ns {
+            if n[s] > 0.0 {
+                ll -= n[s] * d[s].ln();
+            }
+        }
+        ll
+    }
+
+    #[test]
+    fn derivatives_match_finite_differences_after_updates() {
+        for with_offset in [false, true] {
+            let rows = random_rows(11, 40, with_offset);
+            let x = design(&rows, with_offset);
+            let mut lik = ConditionalPoisson::new(&x).unwrap();
+            assert_eq!(lik.n_coef(), 4);
+            let mut beta = vec![0.0; 4];
+            for (j, delta) in [
+                (0, 0.3),
+                (2, -0.7),
+                (1, 0.2),
+                (3, 0.5),
+                (2, 0.25),
+                (0, -0.1),
+            ] {
+                lik.update(j, delta);
+                beta[j] += delta;
+            }
+            let ll = lik.log_likelihood();
+            assert!(
+                (ll - brute_ll(&x, &beta)).abs() < 1e-9 * ll.abs().max(1.0),
+                "{ll}"
+            );
+            let eps = 1e-4;
+            let mut info_fd = [0.0; 16];
+            for j in 0..4 {
+                let (g, h) = lik.gradient_hessian(j);
+                let f = |b: &[f64]| brute_ll(&x, b);
+                let mut bp = beta.clone();
+                bp[j] += eps;
+                let mut bm = beta.clone();
+                bm[j] -= eps;
+                let g_fd = (f(&bp) - f(&bm)) / (2.0 * eps);
+                let h_fd = -(f(&bp) - 2.0 * f(&beta) + f(&bm)) / (eps * eps);
+                assert!(
+                    (g - g_fd).abs() < 1e-6 * g.abs().max(1.0),
+                    "g{j}: {g} vs {g_fd}"
+                );
+                assert!(
+                    (h - h_fd).abs() < 1e-4 * h.abs().max(1.0),
+                    "h{j}: {h} vs {h_fd}"
+                );
+                for k in 0..4 {
+                    let mut bpp = bp.clone();
+                    bpp[k] += eps;
+                    let mut bpm = bp.clone();
+                    bpm[k] -= eps;
+                    let mut bmp = bm.clone();
+                    bmp[k] += eps;
+                    let mut bmm = bm.clone();
+                    bmm[k] -= eps;
+                    info_fd[j * 4 + k] =
+                        -(f(&bpp) - f(&bpm) - f(&bmp) + f(&bmm)) / (4.0 * eps * eps);
+                }
+            }
+            let info = lik.information(&[0, 1, 2, 3]);
+            for a in 0..16 {
+                assert!(
+                    (info[a] - info_fd[a]).abs() < 1e-4 * info[a].abs().max(1.0),
+                    "info[{a}] {} vs {}",
+                    info[a],
+                    info_fd[a]
+                );
+            }
+            // Diagonal of the information = h_j; sub-selection and order of columns.
+            for j in 0..4 {
+                let (_, h) = lik.gradient_hessian(j);
+                assert!((info[j * 4 + j] - h).abs() < 1e-10 * h.max(1.0));
+            }
+            let sub = lik.information(&[3, 1]);
+            assert!((sub[0] - info[15]).abs() < 1e-12 && (sub[1] - info[13]).abs() < 1e-12);
+            // From-scratch state agrees with the incremental one.
+            let (g_inc, h_inc) = lik.gradient_hessian(2);
+            lik.set_beta(&beta);
+            let (g0, h0) = lik.gradient_hessian(2);
+            assert!((g_inc - g0).abs() < 1e-10 && (h_inc - h0).abs() < 1e-10);
+        }
+    }
+
+    fn fit_beta(x: &DesignMatrix, prior: Prior) -> (Vec<f64>, f64) {
+        let mut lik = ConditionalPoisson::new(x).unwrap();
+        let p = lik.n_coef();
+        let priors = PriorSet::new(prior, &vec![false; p]);
+        let opts = CcdOptions {
+            tolerance: 1e-12,
+            ..Default::default()
+        };
+        let r = ccd::fit(&mut lik, &priors, &vec![0.0; p], None, &opts).unwrap();
+        (r.beta, r.log_likelihood)
+    }
+
+    #[test]
+    fn row_order_does_not_matter() {
+        let rows = random_rows(5, 60, true);
+        let x = design(&rows, true);
+        let mut shuffled = rows.clone();
+        let mut rng = Rng(99);
+        for i in (1..shuffled.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            shuffled.swap(i, j);
+        }
+        let y = design(&shuffled, true);
+        let a = fit_beta(&x, Prior::Laplace { lambda: 0.5 });
+        let b = fit_beta(&y, Prior::Laplace { lambda: 0.5 });
+        assert_eq!(a.0, b.0);
+        assert_eq!(a.1.to_bits(), b.1.to_bits());
+    }
+
+    /// A problem with one large column (several parallel chunks).
+    fn large_design() -> DesignMatrix {
+        let mut rng = Rng(3);
+        let mut b = DesignBuilder::new();
+        let mut id = 0i64;
+        for s in 0..30_000i64 {
+            for k in 0..4 {
+                id += 1;
+                b.push_outcome(OutcomeRecord {
+                    row_id: id,
+                    stratum_id: Some(s),
+                    time: Some(1.0 + rng.below(100) as f64),
+                    y: if k == (s % 4) { 1.0 } else { 0.0 },
+                    ..Default::default()
+                });
+                if rng.unif() < 0.7 {
+                    b.push_covariate(id, 1, 1.0);
+                }
+                if rng.unif() < 0.5 {
+                    b.push_covariate(id, 2, rng.unif());
+                }
+                if rng.unif() < 0.01 {
+                    b.push_covariate(id, 3, 1.0);
+                }
+            }
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn thread_count_does_not_matter() {
+        let x = large_design();
+        let lik = ConditionalPoisson::new(&x).unwrap();
+        assert!(lik.cols[0].n_chunks() > 2 && lik.cols[1].n_chunks() >= 2);
+        let mut results = Vec::new();
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let r = pool.install(|| {
+                let (beta, ll) = fit_beta(&x, Prior::Laplace { lambda: 2.0 });
+                let mut lik = ConditionalPoisson::new(&x).unwrap();
+                lik.set_beta(&beta);
+                // Incremental (chunk-parallel) updates of the large columns, then compare with
+                // a from-scratch state.
+                let mut moved = beta.clone();
+                for (j, delta) in [(0, 0.3), (1, -0.45), (2, 0.2), (0, -0.1)] {
+                    lik.update(j, delta);
+                    moved[j] += delta;
+                }
+                let gh: Vec<(u64, u64)> = (0..3)
+                    .map(|j| {
+                        let (g, h) = lik.gradient_hessian(j);
+                        (g.to_bits(), h.to_bits())
+                    })
+                    .collect();
+                let ll_inc = lik.log_likelihood();
+                let mut fresh = ConditionalPoisson::new(&x).unwrap();
+                fresh.set_beta(&moved);
+                let ll_fresh = fresh.log_likelihood();
+                assert!((ll_inc - ll_fresh).abs() < 1e-9 * ll_fresh.abs());
+                for (j, &(g, h)) in gh.iter().enumerate() {
+                    let (g0, h0) = fresh.gradient_hessian(j);
+                    let (g, h) = (f64::from_bits(g), f64::from_bits(h));
+                    assert!((g - g0).abs() < 1e-9 * g0.abs().max(1.0), "g{j} {g} {g0}");
+                    assert!((h - h0).abs() < 1e-9 * h0.abs().max(1.0), "h{j} {h} {h0}");
+                }
+                let beta_bits: Vec<u64> = beta.iter().map(|b| b.to_bits()).collect();
+                (beta_bits, ll.to_bits(), gh)
+            });
+            results.push(r);
+        }
+        assert_eq!(results[0], results[1]);
+        assert_eq!(results[0], results[2]);
+    }
+
+    #[test]
+    fn strata_without_events_are_dropped_and_weights_replicate_rows() {
+        let mut rows = random_rows(21, 30, false);
+        // Stratum with no events: must not change anything.
+        rows.push((100_001, -5, 10.0, 0.0, 0.0, vec![(1000, 1.0)]));
+        rows.push((100_002, -5, 20.0, 0.0, 0.0, vec![(1001, 1.0)]));
+        let x = design(&rows, false);
+        let lik = ConditionalPoisson::new(&x).unwrap();
+        let mut with_events: Vec<i64> = rows.iter().filter(|r| r.3 > 0.0).map(|r| r.1).collect();
+        with_events.sort_unstable();
+        with_events.dedup();
+        assert_eq!(lik.n_strata(), with_events.len());
+        assert!(lik.n_strata() < 30);
+        let beta = [0.2, -0.3, 0.4, 0.1];
+        let mut a = lik.clone();
+        a.set_beta(&beta);
+        assert!((a.log_likelihood() - brute_ll(&x, &beta)).abs() < 1e-10);
+
+        // Weight 2 on a row == the row duplicated in its stratum.
+        let mut b = DesignBuilder::new();
+        let mut c = DesignBuilder::new();
+        for (k, (id, s, t, y, _, cov)) in rows.iter().enumerate() {
+            let rec = OutcomeRecord {
+                row_id: *id,
+                stratum_id: Some(*s),
+                time: Some(*t),
+                y: *y,
+                ..Default::default()
+            };
+            let w = if k % 3 == 0 { 2.0 } else { 1.0 };
+            b.push_outcome(OutcomeRecord {
+                weight: Some(w),
+                ..rec
+            });
+            c.push_outcome(rec);
+            for &(cv, v) in cov {
+                b.push_covariate(*id, cv, v);
+                c.push_covariate(*id, cv, v);
+            }
+            if w == 2.0 {
+                c.push_outcome(OutcomeRecord { row_id: -id, ..rec });
+                for &(cv, v) in cov {
+                    c.push_covariate(-id, cv, v);
+                }
+            }
+        }
+        let (xw, xd) = (b.build().unwrap(), c.build().unwrap());
+        let mut lw = ConditionalPoisson::new(&xw).unwrap();
+        let mut ld = ConditionalPoisson::new(&xd).unwrap();
+        lw.set_beta(&beta);
+        ld.set_beta(&beta);
+        assert!((lw.log_likelihood() - ld.log_likelihood()).abs() < 1e-10);
+        for j in 0..4 {
+            let (g1, h1) = lw.gradient_hessian(j);
+            let (g2, h2) = ld.gradient_hessian(j);
+            assert!((g1 - g2).abs() < 1e-10 && (h1 - h2).abs() < 1e-10);
+        }
+    }
+
+    #[test]
+    fn no_events_is_an_error() {
+        let mut b = DesignBuilder::new();
+        b.push_outcome(OutcomeRecord {
+            row_id: 1,
+            stratum_id: Some(1),
+            time: Some(3.0),
+            y: 0.0,
+            ..Default::default()
+        });
+        assert!(matches!(
+            ConditionalPoisson::new(&b.build().unwrap()),
+            Err(Error::Empty(_))
+        ));
     }
 }

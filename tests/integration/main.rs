@@ -3,5 +3,6 @@
 mod fit_api;
 mod golden_cox;
 mod golden_fine_gray;
+mod golden_sccs;
 mod golden_support;
 mod oracle;
