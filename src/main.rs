@@ -358,7 +358,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         "columns": design.n_cols(),
         "nnz": design.nnz(),
         "csc_bytes": design.csc_bytes(),
-        "events": design.rows.y.iter().filter(|&&y| y > 0.0).count(),
+        "rows_with_events": design.rows.y.iter().filter(|&&y| y > 0.0).count(),
         "data_seconds": data_seconds,
         "lambda": lambda,
         "threads": a.threads,
@@ -423,7 +423,10 @@ fn print_bench_text(v: &serde_json::Value) {
     line("strata", num("strata").map(|x| format!("{x}")));
     line("columns", num("columns").map(|x| format!("{x}")));
     line("nnz", num("nnz").map(|x| format!("{x}")));
-    line("events", num("events").map(|x| format!("{x}")));
+    line(
+        "rows with events",
+        num("rows_with_events").map(|x| format!("{x}")),
+    );
     line("CSC bytes", mib(&f("csc_bytes")));
     line(
         "generate/load",
