@@ -286,7 +286,7 @@ fn summary_line(r: &FitResult, load_seconds: f64) -> String {
         r.n_rows,
         r.n_strata,
         r.log_likelihood,
-        r.log_prior,
+        r.log_prior + 0.0, // no "-0.000000" without a prior
         r.iterations,
         r.status.name(),
         r.seconds,
@@ -456,7 +456,7 @@ fn print_bench_text(v: &serde_json::Value) {
     if let (Some(r), Some(s)) = (num("reference_seconds"), num("speedup_vs_reference")) {
         line(
             "vs reference CPU",
-            Some(format!("{s:.2}× faster (reference {r} s)")),
+            Some(format!("speed-up {s:.2}× (reference {r} CPU-s)")),
         );
     }
 }
