@@ -320,13 +320,33 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
     let mut cuts: Vec<u32> = Vec::new();
     let mut interval_drugs: Vec<Vec<u32>> = Vec::new();
     let mut weights: Vec<f64> = Vec::new();
+    // Exposed (case, drug) pairs: per drug, the exposed cases by geometric skipping (one draw
+    // per exposed case rather than one per case and drug), then grouped by case.
+    let mut exposed: Vec<(u32, u32)> = Vec::new();
+    for (j, &prev) in prevalence.iter().enumerate() {
+        let log_q = (1.0 - prev).ln();
+        let mut c: u64 = 0;
+        loop {
+            let skip = (rng.uniform().ln() / log_q).floor();
+            if !skip.is_finite() || skip >= (cases as u64 - c) as f64 {
+                break;
+            }
+            c += skip as u64;
+            exposed.push((c as u32, j as u32));
+            c += 1;
+            if c >= cases as u64 {
+                break;
+            }
+        }
+    }
+    exposed.sort_unstable();
+    let mut next_pair = 0;
     for case in 0..cases {
         let obs = rng.int_range(365, 3650) as u32;
         eras.clear();
-        for (j, &prev) in prevalence.iter().enumerate() {
-            if !rng.bernoulli(prev) {
-                continue;
-            }
+        while next_pair < exposed.len() && exposed[next_pair].0 == case as u32 {
+            let j = exposed[next_pair].1 as usize;
+            next_pair += 1;
             let n_eras = 1 + rng.poisson(2.0);
             for _ in 0..n_eras {
                 let len = rng.int_range(7, 180) as u32;
