@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bench;
 pub mod engine;
 pub mod error;
 pub mod fit;

@@ -1,1 +1,462 @@
-fn main() {}
+//! The `epifusion` command-line program: `fit` a model to CSV / Parquet files, or `bench` a fit
+//! on seeded synthetic (or benchmark) data. See the README for every option.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use epifusion::backend::Device;
+use epifusion::bench;
+use epifusion::engine::convert::{self, ReadOptions};
+use epifusion::fit::{fit, CiMethod, FitOptions, FitResult};
+use epifusion::model::design::DesignMatrix;
+use epifusion::model::prior::Prior;
+use epifusion::model::{ModelKind, Ties};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "epifusion",
+    version,
+    about = "Regularized SCCS, Cox and Fine–Gray regression by cyclic coordinate descent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Fit a model to a long-format outcome + covariate table pair, or to one wide table.
+    Fit(Box<FitArgs>),
+    /// Time a Laplace-penalized fit on seeded synthetic data or a benchmark directory.
+    Bench(BenchArgs),
+}
+
+fn parse_model(s: &str) -> std::result::Result<ModelKind, String> {
+    ModelKind::parse(s).map_err(|e| e.to_string())
+}
+fn parse_ties(s: &str) -> std::result::Result<Ties, String> {
+    Ties::parse(s).map_err(|e| e.to_string())
+}
+fn parse_ci(s: &str) -> std::result::Result<CiMethod, String> {
+    CiMethod::parse(s).map_err(|e| e.to_string())
+}
+fn parse_device(s: &str) -> std::result::Result<Device, String> {
+    Device::parse(s).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+struct FitArgs {
+    /// cox, fine_gray, sccs, logistic, poisson or conditional_logistic.
+    #[arg(long, value_parser = parse_model)]
+    model: ModelKind,
+    /// Outcome table (.csv or .parquet): row_id, [stratum_id], time, y, [weight, start_time,
+    /// offset, censor_weight]; without --covariates, a wide table (outcome + covariate columns).
+    #[arg(long)]
+    outcomes: PathBuf,
+    /// Covariate table (.csv or .parquet): row_id, covariate_id, [covariate_value].
+    #[arg(long)]
+    covariates: Option<PathBuf>,
+    /// Prior: none, laplace or normal [none; laplace when --lambda or --variance is given].
+    #[arg(long)]
+    prior: Option<String>,
+    /// Prior variance (Laplace λ = √(2/v); Normal σ² = v).
+    #[arg(long, conflicts_with = "lambda")]
+    variance: Option<f64>,
+    /// Penalty λ (Laplace: objective LL − λΣ|β|, not scaled by n; Normal: σ² = 1/λ).
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// Covariates never penalized: ids (or column names in wide form), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    exclude: Vec<String>,
+    /// Ties for cox / fine_gray: breslow or efron.
+    #[arg(long, default_value = "breslow", value_parser = parse_ties)]
+    ties: Ties,
+    /// Convergence tolerance on the relative change of the objective.
+    #[arg(long, default_value_t = 1e-6)]
+    tolerance: f64,
+    /// Maximum number of CCD cycles.
+    #[arg(long, default_value_t = 1000)]
+    max_iterations: usize,
+    /// Confidence intervals for unpenalized coefficients: profile, wald or none.
+    #[arg(long, default_value = "profile", value_parser = parse_ci)]
+    ci: CiMethod,
+    /// Confidence level.
+    #[arg(long, default_value_t = 0.95)]
+    ci_level: f64,
+    /// Threads [all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// auto, cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: Device,
+    /// Write the result table (.csv, .json or .parquet).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Name of the time column [time].
+    #[arg(long)]
+    time: Option<String>,
+    /// Name of the outcome column [y].
+    #[arg(long)]
+    y: Option<String>,
+    /// Recode the outcome: y = 1 where the outcome column equals this value, else 0
+    /// (e.g. `--y status --event-value 2` for R's lung data).
+    #[arg(long)]
+    event_value: Option<f64>,
+    /// Wide form: covariate columns to use, comma-separated [every other numeric column].
+    #[arg(long, value_delimiter = ',')]
+    covariates_columns: Vec<String>,
+    /// Drop covariate entries whose row id has no outcome row (reported) instead of failing.
+    #[arg(long)]
+    drop_unknown_rows: bool,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// cox, fine_gray or sccs.
+    #[arg(long, value_parser = parse_model)]
+    model: ModelKind,
+    /// Rows (cox, fine_gray) or cases (sccs).
+    #[arg(long, default_value_t = 100_000)]
+    n: usize,
+    /// Covariates (drugs for sccs).
+    #[arg(long, default_value_t = 1000)]
+    p: usize,
+    /// Density of the indicator covariates (cox, fine_gray).
+    #[arg(long, default_value_t = 0.05)]
+    density: f64,
+    /// Laplace λ [100 for cox and fine_gray, 3 for sccs].
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// Threads [1].
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Generator seed.
+    #[arg(long, default_value_t = 123)]
+    seed: u64,
+    /// Load a benchmark directory (outcomes_cox / outcomes_fgr / outcomes + covariates
+    /// .parquet) instead of generating data.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// auto, cpu or cuda.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    device: Device,
+    /// Only generate / load the data and report its size (no fit).
+    #[arg(long)]
+    generate_only: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Fit(a) => run_fit(&a),
+        Command::Bench(a) => run_bench(&a),
+    };
+    if let Err(e) = outcome {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn needs_time(model: ModelKind) -> bool {
+    !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic)
+}
+
+fn run_fit(a: &FitArgs) -> Result<()> {
+    let family = match (&a.prior, a.variance.or(a.lambda)) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => "laplace".into(),
+        (None, None) => "none".into(),
+    };
+    let prior = Prior::from_parts(&family, a.variance, a.lambda)?;
+    let mut opts = FitOptions::new(a.model);
+    opts.ties = a.ties;
+    opts.prior = prior;
+    opts.ccd.tolerance = a.tolerance;
+    opts.ccd.max_iterations = a.max_iterations;
+    opts.ci = a.ci;
+    opts.ci_level = a.ci_level;
+    opts.threads = a.threads;
+    opts.device = a.device;
+    opts.check()?;
+    if let Some(out) = &a.output {
+        check_output_extension(out)?;
+    }
+
+    let read = ReadOptions {
+        time_column: a.time.clone(),
+        y_column: a.y.clone(),
+        event_value: a.event_value,
+        covariate_columns: (!a.covariates_columns.is_empty()).then(|| a.covariates_columns.clone()),
+        require_time: needs_time(a.model),
+        drop_unknown_rows: a.drop_unknown_rows,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let (builder, report) = match &a.covariates {
+        Some(cov) => {
+            if read.covariate_columns.is_some() {
+                bail!("--covariates-columns applies to the wide form (no --covariates)");
+            }
+            convert::read_long(&a.outcomes, cov, &read)?
+        }
+        None => convert::read_wide(&a.outcomes, &read)?,
+    };
+    let design = builder.build()?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    if report.dropped_null_rows > 0 {
+        eprintln!(
+            "note: dropped {} of {} rows with NULL in a used column",
+            report.dropped_null_rows, report.input_rows
+        );
+    }
+    if !report.skipped_columns.is_empty() {
+        eprintln!(
+            "note: skipped non-numeric columns: {}",
+            report.skipped_columns.join(", ")
+        );
+    }
+    if design.dropped_unknown > 0 {
+        eprintln!(
+            "note: dropped {} covariate entries with unknown row ids",
+            design.dropped_unknown
+        );
+    }
+    opts.exclude = resolve_exclude(&a.exclude, &design)?;
+
+    let result = fit(&design, &opts)?;
+    if let Some(note) = &result.device_note {
+        eprintln!("{note}");
+    }
+    print!("{}", convert::format_result_table(&result));
+    println!("{}", summary_line(&result, load_seconds));
+    if let Some(out) = &a.output {
+        convert::write_result(&result, out)?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn check_output_extension(path: &Path) -> Result<()> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    if !matches!(ext.as_str(), "csv" | "json" | "parquet" | "pq") {
+        bail!(
+            "--output {}: unknown file type; expected .csv, .json or .parquet",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `--exclude` entries are covariate ids, or column names (wide form).
+fn resolve_exclude(items: &[String], design: &DesignMatrix) -> Result<Vec<i64>> {
+    items
+        .iter()
+        .map(|s| {
+            let s = s.trim();
+            if let Ok(id) = s.parse::<i64>() {
+                return Ok(id);
+            }
+            design
+                .columns
+                .iter()
+                .find(|c| c.name.as_deref() == Some(s))
+                .map(|c| c.id)
+                .with_context(|| {
+                    format!("--exclude: `{s}` is neither a covariate id nor a covariate name")
+                })
+        })
+        .collect()
+}
+
+fn summary_line(r: &FitResult, load_seconds: f64) -> String {
+    format!(
+        "model {}: {} rows, {} strata, log-likelihood {:.6}, log prior {:.6}, {} iterations, {}, \
+         fit {:.3} s (load {:.3} s), device {}",
+        r.model.name(),
+        r.n_rows,
+        r.n_strata,
+        r.log_likelihood,
+        r.log_prior + 0.0, // no "-0.000000" without a prior
+        r.iterations,
+        r.status.name(),
+        r.seconds,
+        load_seconds,
+        r.device
+    )
+}
+
+/// Reference CPU seconds (DESIGN.md §10 and the bench README) for (model, N), P = 1000.
+fn reference_seconds(model: ModelKind, n: usize) -> Option<f64> {
+    match (model, n) {
+        (ModelKind::Cox, 100_000) => Some(5.2),
+        (ModelKind::Cox, 1_000_000) => Some(121.0),
+        (ModelKind::FineGray, 100_000) => Some(22.7),
+        (ModelKind::FineGray, 1_000_000) => Some(405.0),
+        (ModelKind::ConditionalPoisson, 100_000) => Some(0.28),
+        (ModelKind::ConditionalPoisson, 1_000_000) => Some(5.6),
+        _ => None,
+    }
+}
+
+fn load_bench_dir(dir: &Path, model: ModelKind) -> Result<DesignMatrix> {
+    let outcomes = match model {
+        ModelKind::Cox => "outcomes_cox.parquet",
+        ModelKind::FineGray => "outcomes_fgr.parquet",
+        _ => "outcomes.parquet",
+    };
+    let read = ReadOptions {
+        require_time: true,
+        ..Default::default()
+    };
+    let (b, _) = convert::read_long(&dir.join(outcomes), &dir.join("covariates.parquet"), &read)
+        .with_context(|| format!("loading {}", dir.display()))?;
+    Ok(b.build()?)
+}
+
+fn run_bench(a: &BenchArgs) -> Result<()> {
+    let lambda = a.lambda.unwrap_or(match a.model {
+        ModelKind::ConditionalPoisson => 3.0,
+        _ => 100.0,
+    });
+    let started = Instant::now();
+    let design = match &a.data {
+        Some(dir) => load_bench_dir(dir, a.model)?,
+        None => {
+            let data = match a.model {
+                ModelKind::Cox => bench::cox_data(a.n, a.p, a.density, a.seed)?,
+                ModelKind::FineGray => bench::fine_gray_data(a.n, a.p, a.density, a.seed)?,
+                ModelKind::ConditionalPoisson => bench::sccs_data(a.n, a.p, a.seed)?,
+                other => bail!(
+                    "bench supports cox, fine_gray and sccs (got {})",
+                    other.name()
+                ),
+            };
+            data.design
+        }
+    };
+    let data_seconds = started.elapsed().as_secs_f64();
+    let n_units = match a.model {
+        ModelKind::ConditionalPoisson => design.n_strata(),
+        _ => design.n_rows(),
+    };
+    let mut out = serde_json::json!({
+        "model": a.model.name(),
+        "source": a.data.as_ref().map_or("generated".to_string(), |d| d.display().to_string()),
+        "seed": a.seed,
+        "rows": design.n_rows(),
+        "strata": design.n_strata(),
+        "columns": design.n_cols(),
+        "nnz": design.nnz(),
+        "csc_bytes": design.csc_bytes(),
+        "rows_with_events": design.rows.y.iter().filter(|&&y| y > 0.0).count(),
+        "data_seconds": data_seconds,
+        "lambda": lambda,
+        "threads": a.threads,
+    });
+    if !a.generate_only {
+        let mut opts = FitOptions::new(a.model);
+        opts.prior = Prior::Laplace { lambda };
+        opts.ccd.tolerance = 1e-6;
+        opts.ci = CiMethod::None;
+        opts.threads = Some(a.threads);
+        opts.device = a.device;
+        let r = fit(&design, &opts)?;
+        let fit_seconds = r.fit_seconds;
+        let l1: f64 = r.coefficients.iter().map(|c| c.estimate.abs()).sum();
+        let nonzero = r.coefficients.iter().filter(|c| c.estimate != 0.0).count();
+        out["fit_seconds"] = fit_seconds.into();
+        out["total_fit_seconds"] = r.seconds.into();
+        out["cycles"] = r.iterations.into();
+        out["coordinate_updates"] = r.coordinate_updates.into();
+        out["updates_per_second"] = (r.coordinate_updates as f64 / fit_seconds.max(1e-12)).into();
+        out["log_likelihood"] = r.log_likelihood.into();
+        out["objective"] = (r.log_likelihood - lambda * l1).into();
+        out["nonzero"] = nonzero.into();
+        out["status"] = r.status.name().into();
+        out["device"] = r.device.clone().into();
+        if let Some(note) = &r.device_note {
+            eprintln!("{note}");
+        }
+        let reference = (design.n_cols() == 1000)
+            .then(|| reference_seconds(a.model, n_units))
+            .flatten();
+        if let Some(ref_s) = reference {
+            out["reference_seconds"] = ref_s.into();
+            out["speedup_vs_reference"] = (ref_s / fit_seconds.max(1e-12)).into();
+        }
+    }
+    let rss = bench::peak_rss_bytes();
+    out["peak_rss_bytes"] = rss.into();
+    if let Some(rss) = rss {
+        out["peak_rss_over_csc"] = (rss as f64 / design.csc_bytes().max(1) as f64).into();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_bench_text(&out);
+    }
+    Ok(())
+}
+
+fn print_bench_text(v: &serde_json::Value) {
+    let mib = |b: &serde_json::Value| b.as_f64().map(|b| format!("{:.1} MiB", b / 1048576.0));
+    let f = |k: &str| v.get(k).cloned().unwrap_or(serde_json::Value::Null);
+    let line = |label: &str, value: Option<String>| {
+        if let Some(value) = value {
+            println!("{label:<24}{value}");
+        }
+    };
+    let num = |k: &str| f(k).as_f64();
+    line("model", f("model").as_str().map(String::from));
+    line("source", f("source").as_str().map(String::from));
+    line("rows", num("rows").map(|x| format!("{x}")));
+    line("strata", num("strata").map(|x| format!("{x}")));
+    line("columns", num("columns").map(|x| format!("{x}")));
+    line("nnz", num("nnz").map(|x| format!("{x}")));
+    line(
+        "rows with events",
+        num("rows_with_events").map(|x| format!("{x}")),
+    );
+    line("CSC bytes", mib(&f("csc_bytes")));
+    line(
+        "generate/load",
+        num("data_seconds").map(|s| format!("{s:.3} s")),
+    );
+    line("λ", num("lambda").map(|x| format!("{x}")));
+    line("threads", num("threads").map(|x| format!("{x}")));
+    line("fit", num("fit_seconds").map(|s| format!("{s:.3} s")));
+    line("cycles", num("cycles").map(|x| format!("{x}")));
+    line(
+        "coordinate updates/s",
+        num("updates_per_second").map(|x| format!("{x:.0}")),
+    );
+    line(
+        "log-likelihood",
+        num("log_likelihood").map(|x| format!("{x:.6}")),
+    );
+    line("objective", num("objective").map(|x| format!("{x:.6}")));
+    line("non-zero", num("nonzero").map(|x| format!("{x}")));
+    line("status", f("status").as_str().map(String::from));
+    line("device", f("device").as_str().map(String::from));
+    line("peak RSS", mib(&f("peak_rss_bytes")));
+    line(
+        "peak RSS / CSC",
+        num("peak_rss_over_csc").map(|x| format!("{x:.2}")),
+    );
+    if let (Some(r), Some(s)) = (num("reference_seconds"), num("speedup_vs_reference")) {
+        line(
+            "vs reference CPU",
+            Some(format!("speed-up {s:.2}× (reference {r} CPU-s)")),
+        );
+    }
+}

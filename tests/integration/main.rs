@@ -1,5 +1,6 @@
 //! Integration tests, compiled as one binary.
 
+mod cli;
 mod fit_api;
 mod golden_cox;
 mod golden_fine_gray;

@@ -1,0 +1,182 @@
+//! End-to-end tests of the `epifusion` binary: bad input gives clear errors; a fit on the
+//! bundled lung data runs once the Cox likelihood exists.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn epifusion(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_epifusion"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run the epifusion binary")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("epifusion-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+const LUNG: &str = "tests/data/survival_lung.csv";
+
+#[test]
+fn missing_column_is_named() {
+    let o = epifusion(&["fit", "--model", "cox", "--outcomes", LUNG]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("`y`") && e.contains("not found"), "{e}");
+    // The long form: a covariate table without covariate_id.
+    let dir = temp_dir("missing");
+    let oc = write(&dir, "o.csv", "row_id,time,y\n1,2,1\n2,3,0\n");
+    let cc = write(&dir, "c.csv", "row_id,covariate\n1,7\n");
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        &oc,
+        "--covariates",
+        &cc,
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("covariate_id") && e.contains("c.csv"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn null_in_required_column_names_row() {
+    let dir = temp_dir("null");
+    let oc = write(&dir, "o.csv", "rowId,time,y\n1,2,1\n2,3,\n");
+    let cc = write(&dir, "c.csv", "rowId,covariateId\n1,7\n");
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        &oc,
+        "--covariates",
+        &cc,
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("`y`") && e.contains("row 2"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_option_and_bad_values_are_clear() {
+    let o = epifusion(&["fit", "--model", "cox", "--outcomes", LUNG, "--bogus"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--bogus"), "{}", stderr(&o));
+    let o = epifusion(&["fit", "--model", "coxx", "--outcomes", LUNG]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown model `coxx`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        LUNG,
+        "--lambda",
+        "1",
+        "--variance",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        LUNG,
+        "--y",
+        "status",
+        "--output",
+        "r.xlsx",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("r.xlsx"), "{}", stderr(&o));
+    let o = epifusion(&["fit", "--model", "cox", "--outcomes", "no/such/file.csv"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no/such/file.csv"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_generates_data() {
+    let o = epifusion(&[
+        "bench",
+        "--model",
+        "sccs",
+        "--n",
+        "200",
+        "--p",
+        "50",
+        "--generate-only",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["strata"], 200);
+    assert!(v["nnz"].as_u64().unwrap() > 0);
+}
+
+/// Runs once the Cox likelihood is merged; until then the fit says "not implemented yet".
+#[test]
+fn fit_lung_wide_form() {
+    let dir = temp_dir("lung");
+    let out = dir.join("lung.json").display().to_string();
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        LUNG,
+        "--y",
+        "status",
+        "--event-value",
+        "2",
+        "--covariates-columns",
+        "age,sex",
+        "--ci",
+        "wald",
+        "--output",
+        &out,
+    ]);
+    if stderr(&o).contains("not implemented yet") {
+        eprintln!("SKIPPED fit_lung_wide_form: the Cox likelihood is not implemented yet");
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains("age") && s.contains("sex") && s.contains("228 rows"),
+        "{s}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    // R: coxph(Surv(time, status) ~ age + sex, lung, ties = "breslow"): sex ≈ −0.513.
+    let sex = v[1]["estimate"].as_f64().unwrap();
+    assert!((sex + 0.513).abs() < 0.01, "{sex}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
