@@ -1,1 +1,1134 @@
-//! Shared risk-set machinery for Cox and Fine–Gray (being written).
+//! Shared risk-set machinery for Cox and Fine–Gray partial likelihoods.
+//!
+//! # Layout
+//!
+//! Rows are sorted once by (stratum, time DESC, row_id) — the order is independent of the input
+//! order — and *event groups* are formed: one group per (stratum, event time) with at least one
+//! event, numbered in that order (so within a stratum group times decrease). Every row k gets
+//!
+//! * `pos(k)`: the first group whose risk set contains it (first group of its stratum with
+//!   t_g ≤ T_k; the stratum end if none),
+//! * for counting-process rows an `exit(k)`: the first group with t_g ≤ start_k,
+//! * for Fine–Gray competing rows (y = 2) a backward part: weight 1/G(T_k−) times G(t_g−) on the
+//!   groups of its stratum before `pos(k)` (t_g > T_k).
+//!
+//! So S0(g) = F(g) + G_g·B(g), with F(g) = Σ w e [pos ≤ g < exit] and B(g) = Σ_competing w e / G_k
+//! [stratum start ≤ g < pos]. For column j, S1(g) = a(g) + G_g b(g) is piecewise constant in g,
+//! with breakpoints at the positions of the column's nonzeros; with prefix sums over groups of
+//! r_g = W_g/S0_g, q_g = W_g/S0_g² (and r_g G_g, q_g G_g, q_g G_g² for Fine–Gray) one coordinate's
+//! gradient and curvature cost O(nnz_j): walk the nonzeros in row order (which is position
+//! order) and add S1 × (prefix difference) per segment. Efron's tied groups add per-group
+//! coefficients (u, v, z below) used at the groups where column j has events.
+//!
+//! After an update the change of w e of the updated rows is scattered into difference arrays
+//! and applied lazily (one O(G) pass that also rebuilds the prefix sums) before the next
+//! gradient. `set_beta` recomputes everything from scratch. All sums run in a fixed order, so
+//! results do not depend on the input order or on the number of threads.
+
+use super::design::{ColumnFormat, DesignMatrix};
+use super::Ties;
+use crate::error::{Error, Result};
+
+/// Which partial likelihood a [`RiskSetModel`] evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RiskSetKind {
+    /// Cox proportional hazards (y ∈ {0, 1}, optional (start, stop] rows).
+    Cox,
+    /// Fine–Gray subdistribution hazards (y ∈ {0, 1, 2}).
+    FineGray,
+}
+
+/// Per sorted row: w·e, entry position and stratum, packed for the coordinate walk.
+#[derive(Debug, Clone, Copy, Default)]
+struct RowInfo {
+    we: f64,
+    pos: u32,
+    stratum: u32,
+}
+
+/// One covariate column in sorted-row order (rows that are in no risk set are dropped).
+#[derive(Debug, Clone, Default)]
+struct SortedColumn {
+    rows: Vec<u32>,
+    /// Values per entry; empty for 0/1 columns.
+    vals: Vec<f64>,
+    /// Counting-process exits: (exit position, entry index) sorted by position.
+    exits: Vec<(u32, u32)>,
+    /// Σ over events of w x (constant).
+    event_sum: f64,
+}
+
+impl SortedColumn {
+    #[inline]
+    fn value(&self, i: usize) -> f64 {
+        if self.vals.is_empty() {
+            1.0
+        } else {
+            self.vals[i]
+        }
+    }
+}
+
+/// Cox / Fine–Gray partial likelihood with incrementally maintained risk-set sums.
+#[derive(Debug, Clone)]
+pub struct RiskSetModel {
+    kind: RiskSetKind,
+    ties: Ties,
+    fg: bool,
+    counting: bool,
+    // ---- per sorted row ----
+    w: Vec<f64>,
+    eta: Vec<f64>,
+    info: Vec<RowInfo>,
+    /// Exit position (counting process; stratum end when none). Empty without start times.
+    exit: Vec<u32>,
+    event: Vec<bool>,
+    /// 1/G(T_k−) for competing rows, 0 otherwise (Fine–Gray only).
+    inv_g: Vec<f64>,
+    /// Constant part of the offset contribution: Σ_events w·offset is folded into `eta`.
+    offset: Vec<f64>,
+    // ---- strata ----
+    /// Group range of each stratum.
+    s_start: Vec<u32>,
+    s_end: Vec<u32>,
+    /// Sorted-row range of each stratum.
+    row_start: Vec<u32>,
+    row_end: Vec<u32>,
+    /// Strata with at least one group.
+    active_strata: Vec<u32>,
+    /// All counting-process exits (exit position, row) sorted, for `information`.
+    all_exits: Vec<(u32, u32)>,
+    // ---- groups ----
+    g_weight: Vec<f64>,
+    g_count: Vec<u32>,
+    /// G(t_g−) (Fine–Gray); 1 for Cox.
+    g_cens: Vec<f64>,
+    efron_group: Vec<bool>,
+    any_efron: bool,
+    // ---- columns ----
+    cols: Vec<SortedColumn>,
+    // ---- state ----
+    beta: Vec<f64>,
+    f_sum: Vec<f64>,
+    b_sum: Vec<f64>,
+    e0: Vec<f64>,
+    diff_f: Vec<f64>,
+    diff_b: Vec<f64>,
+    dirty: bool,
+    s0: Vec<f64>,
+    // prefix sums over groups (length G + 1)
+    pr: Vec<f64>,
+    pq: Vec<f64>,
+    prg: Vec<f64>,
+    pqg: Vec<f64>,
+    pqgg: Vec<f64>,
+    // Efron per-group coefficients (zero for untied groups)
+    eu: Vec<f64>,
+    ev: Vec<f64>,
+    ez: Vec<f64>,
+}
+
+impl RiskSetModel {
+    /// Build the model. `censor` (Fine–Gray only) is G(T_i−) per input row.
+    pub fn new(x: &DesignMatrix, ties: Ties, kind: RiskSetKind, censor: Option<&[f64]>) -> Result<Self> {
+        let r = &x.rows;
+        let n = x.n_rows();
+        let fg = kind == RiskSetKind::FineGray;
+        let name = if fg { "fine_gray" } else { "cox" };
+        let lens_ok = r.time.len() == n
+            && r.y.len() == n
+            && r.stratum.len() == n
+            && r.weight.as_ref().is_none_or(|v| v.len() == n)
+            && r.offset.as_ref().is_none_or(|v| v.len() == n)
+            && r.start_time.as_ref().is_none_or(|v| v.len() == n)
+            && censor.is_none_or(|v| v.len() == n);
+        if !lens_ok {
+            return Err(Error::BadColumn {
+                column: "rows".into(),
+                message: "row vectors have inconsistent lengths".into(),
+            });
+        }
+        if fg && r.start_time.is_some() {
+            return Err(Error::BadColumn {
+                column: "start_time".into(),
+                message: "counting-process rows are only supported for cox".into(),
+            });
+        }
+        for i in 0..n {
+            let y = r.y[i];
+            let ok = y == 0.0 || y == 1.0 || (fg && y == 2.0);
+            let bad = |column: &str, message: String| Error::BadValue {
+                row: i,
+                row_id: r.row_id[i],
+                column: column.into(),
+                message,
+            };
+            if !ok {
+                return Err(bad("y", format!("must be {} for {name} (got {y})", if fg { "0, 1 or 2" } else { "0 or 1" })));
+            }
+            if !r.time[i].is_finite() {
+                return Err(bad("time", format!("is not finite ({})", r.time[i])));
+            }
+            let w = x.weight(i);
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(bad("weight", format!("must be finite and ≥ 0 (got {w})")));
+            }
+            if !x.offset(i).is_finite() {
+                return Err(bad("offset", "is not finite".into()));
+            }
+            if let Some(st) = &r.start_time {
+                if !(st[i].is_finite() && st[i] < r.time[i]) {
+                    return Err(bad("start_time", format!("({}) is not before time ({})", st[i], r.time[i])));
+                }
+            }
+        }
+        let n_strata = r.stratum.iter().map(|&s| s as usize + 1).max().unwrap_or(1);
+        // Internal stratum index = rank of the caller's stratum id, so that the order does not
+        // depend on the order in which strata first appear in the input.
+        let stratum_rank: Vec<u32> = {
+            let id = |s: usize| r.stratum_ids.get(s).copied().unwrap_or(s as i64);
+            let mut by_id: Vec<usize> = (0..n_strata).collect();
+            by_id.sort_unstable_by_key(|&s| (id(s), s));
+            let mut rank = vec![0u32; n_strata];
+            for (i, &s) in by_id.iter().enumerate() {
+                rank[s] = i as u32;
+            }
+            rank
+        };
+        let stratum_of = |i: usize| stratum_rank[r.stratum[i] as usize];
+
+        // Sorted order: (stratum, time DESC, row_id).
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            stratum_of(a)
+                .cmp(&stratum_of(b))
+                .then(r.time[b].total_cmp(&r.time[a]))
+                .then(r.row_id[a].cmp(&r.row_id[b]))
+        });
+        let mut new_index = vec![0u32; n];
+        for (k, &o) in order.iter().enumerate() {
+            new_index[o as usize] = k as u32;
+        }
+
+        // Groups and entry positions.
+        let mut info = vec![RowInfo::default(); n];
+        let mut w = vec![0.0; n];
+        let mut offset = vec![0.0; n];
+        let mut event = vec![false; n];
+        let mut s_start = vec![0u32; n_strata];
+        let mut s_end = vec![0u32; n_strata];
+        let mut row_start = vec![0u32; n_strata];
+        let mut row_end = vec![0u32; n_strata];
+        let mut g_time: Vec<f64> = Vec::new();
+        let mut g_weight: Vec<f64> = Vec::new();
+        let mut g_count: Vec<u32> = Vec::new();
+        let mut g_cens: Vec<f64> = Vec::new();
+        let mut k = 0usize;
+        while k < n {
+            let s = stratum_of(order[k] as usize) as usize;
+            s_start[s] = g_time.len() as u32;
+            row_start[s] = k as u32;
+            while k < n && stratum_of(order[k] as usize) as usize == s {
+                let t = r.time[order[k] as usize];
+                let block = k;
+                let mut weight = 0.0;
+                let mut count = 0u32;
+                let mut cens = None;
+                while k < n && stratum_of(order[k] as usize) as usize == s && r.time[order[k] as usize] == t {
+                    let o = order[k] as usize;
+                    w[k] = x.weight(o);
+                    offset[k] = x.offset(o);
+                    if r.y[o] == 1.0 {
+                        event[k] = true;
+                        weight += w[k];
+                        count += 1;
+                        if cens.is_none() {
+                            cens = Some(censor.map_or(1.0, |c| c[o]));
+                        }
+                    }
+                    k += 1;
+                }
+                let pos = g_time.len() as u32;
+                for ki in block..k {
+                    info[ki] = RowInfo { we: 0.0, pos, stratum: s as u32 };
+                }
+                if count > 0 {
+                    g_time.push(t);
+                    g_weight.push(weight);
+                    g_count.push(count);
+                    g_cens.push(cens.unwrap_or(1.0));
+                }
+            }
+            s_end[s] = g_time.len() as u32;
+            row_end[s] = k as u32;
+        }
+        let n_groups = g_time.len();
+        if n_groups == 0 {
+            return Err(Error::Empty(format!("{name}: no events (y = 1) in the data")));
+        }
+        // Rows whose time is below every event time of their stratum got pos = stratum end.
+        for ki in 0..n {
+            let s = info[ki].stratum as usize;
+            info[ki].pos = info[ki].pos.min(s_end[s]);
+        }
+        let active_strata: Vec<u32> = (0..n_strata as u32).filter(|&s| s_start[s as usize] < s_end[s as usize]).collect();
+
+        // Counting-process exits.
+        let counting = r.start_time.is_some();
+        let mut exit = Vec::new();
+        let mut all_exits = Vec::new();
+        if let Some(st) = &r.start_time {
+            exit = vec![0u32; n];
+            for ki in 0..n {
+                let o = order[ki] as usize;
+                let s = info[ki].stratum as usize;
+                let (a, b) = (s_start[s] as usize, s_end[s] as usize);
+                let times = &g_time[a..b];
+                let e = a + times.partition_point(|&t| t > st[o]);
+                exit[ki] = (e as u32).max(info[ki].pos);
+                if exit[ki] < s_end[s] {
+                    all_exits.push((exit[ki], ki as u32));
+                }
+            }
+            all_exits.sort_unstable();
+        }
+
+        // Fine–Gray backward weights.
+        let mut inv_g = Vec::new();
+        if fg {
+            inv_g = vec![0.0; n];
+            for ki in 0..n {
+                let o = order[ki] as usize;
+                if r.y[o] == 2.0 {
+                    let s = info[ki].stratum as usize;
+                    if info[ki].pos > s_start[s] {
+                        let g = censor.map_or(1.0, |c| c[o]);
+                        if !(g.is_finite() && g > 0.0) {
+                            return Err(Error::BadValue {
+                                row: o,
+                                row_id: r.row_id[o],
+                                column: "censor_weight".into(),
+                                message: format!(
+                                    "competing event with censoring survival G(T−) = {g}: it must stay in \
+                                     later risk sets with weight G(t−)/G(T−), which needs G(T−) > 0"
+                                ),
+                            });
+                        }
+                        inv_g[ki] = 1.0 / g;
+                    }
+                }
+            }
+        }
+
+        // Columns in sorted order, dropping rows that are in no risk set.
+        let contributes = |ki: usize| -> bool {
+            let s = info[ki].stratum as usize;
+            info[ki].pos < s_end[s] || (fg && inv_g[ki] != 0.0)
+        };
+        let mut cols = Vec::with_capacity(x.n_cols());
+        let mut tmp: Vec<(u32, f64)> = Vec::new();
+        for c in &x.columns {
+            tmp.clear();
+            tmp.extend(c.entries().map(|(i, v)| (new_index[i], v)).filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)));
+            tmp.sort_unstable_by_key(|e| e.0);
+            let indicator = c.format == ColumnFormat::Indicator || tmp.iter().all(|e| e.1 == 1.0);
+            let mut col = SortedColumn {
+                rows: tmp.iter().map(|e| e.0).collect(),
+                vals: if indicator { Vec::new() } else { tmp.iter().map(|e| e.1).collect() },
+                exits: Vec::new(),
+                event_sum: 0.0,
+            };
+            for (i, &(ki, v)) in tmp.iter().enumerate() {
+                let ki = ki as usize;
+                if event[ki] {
+                    col.event_sum += w[ki] * v;
+                }
+                if counting && exit[ki] < s_end[info[ki].stratum as usize] {
+                    col.exits.push((exit[ki], i as u32));
+                }
+            }
+            col.exits.sort_unstable();
+            cols.push(col);
+        }
+
+        let efron_group: Vec<bool> = g_count.iter().map(|&d| ties == Ties::Efron && d >= 2).collect();
+        let any_efron = efron_group.iter().any(|&b| b);
+        let p = cols.len();
+        let mut m = RiskSetModel {
+            kind,
+            ties,
+            fg,
+            counting,
+            w,
+            eta: vec![0.0; n],
+            info,
+            exit,
+            event,
+            inv_g,
+            offset,
+            s_start,
+            s_end,
+            row_start,
+            row_end,
+            active_strata,
+            all_exits,
+            g_weight,
+            g_count,
+            g_cens,
+            efron_group,
+            any_efron,
+            cols,
+            beta: vec![0.0; p],
+            f_sum: vec![0.0; n_groups],
+            b_sum: if fg { vec![0.0; n_groups] } else { Vec::new() },
+            e0: vec![0.0; n_groups],
+            diff_f: vec![0.0; n_groups + 1],
+            diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            dirty: true,
+            s0: vec![0.0; n_groups],
+            pr: vec![0.0; n_groups + 1],
+            pq: vec![0.0; n_groups + 1],
+            prg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            pqg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            pqgg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            eu: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
+            ev: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
+            ez: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
+        };
+        let beta = vec![0.0; p];
+        m.set_beta(&beta);
+        Ok(m)
+    }
+
+    /// Which likelihood this is.
+    pub fn kind(&self) -> RiskSetKind {
+        self.kind
+    }
+
+    /// Tie handling.
+    pub fn ties(&self) -> Ties {
+        self.ties
+    }
+
+    /// Number of event groups (distinct (stratum, event time) pairs).
+    pub fn n_groups(&self) -> usize {
+        self.g_weight.len()
+    }
+
+    /// Number of coefficients.
+    pub fn n_coef(&self) -> usize {
+        self.cols.len()
+    }
+
+    /// Scatter a change `delta` of w·e of sorted row `k` into the difference arrays.
+    #[inline]
+    fn scatter(&mut self, k: usize, delta: f64) {
+        let RowInfo { pos, stratum, .. } = self.info[k];
+        let (st, end) = (self.s_start[stratum as usize], self.s_end[stratum as usize]);
+        if pos < end {
+            self.diff_f[pos as usize] += delta;
+            if self.counting && self.exit[k] < end {
+                self.diff_f[self.exit[k] as usize] -= delta;
+            }
+            if self.any_efron && self.event[k] {
+                self.e0[pos as usize] += delta;
+            }
+        }
+        if self.fg {
+            let inv = self.inv_g[k];
+            if inv != 0.0 {
+                let d = delta * inv;
+                self.diff_b[st as usize] += d;
+                if pos < end {
+                    self.diff_b[pos as usize] -= d;
+                }
+            }
+        }
+        self.dirty = true;
+    }
+
+    /// Set β and recompute η, w·e and every risk-set sum from scratch.
+    pub fn set_beta(&mut self, beta: &[f64]) {
+        let p = self.cols.len().min(beta.len());
+        self.beta[..p].copy_from_slice(&beta[..p]);
+        self.eta.copy_from_slice(&self.offset);
+        for (col, &b) in self.cols.iter().zip(&self.beta) {
+            if b == 0.0 {
+                continue;
+            }
+            for (i, &k) in col.rows.iter().enumerate() {
+                self.eta[k as usize] += b * col.value(i);
+            }
+        }
+        self.f_sum.fill(0.0);
+        self.b_sum.fill(0.0);
+        self.e0.fill(0.0);
+        self.diff_f.fill(0.0);
+        self.diff_b.fill(0.0);
+        for k in 0..self.eta.len() {
+            let we = self.w[k] * self.eta[k].exp();
+            self.info[k].we = we;
+            self.scatter(k, we);
+        }
+        self.refresh();
+    }
+
+    /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
+    /// their prefix sums. O(G).
+    fn refresh(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        for &s in &self.active_strata {
+            let (a, b) = (self.s_start[s as usize] as usize, self.s_end[s as usize] as usize);
+            let mut run = 0.0;
+            for g in a..b {
+                run += self.diff_f[g];
+                self.diff_f[g] = 0.0;
+                self.f_sum[g] += run;
+            }
+            if self.fg {
+                let mut run = 0.0;
+                for g in a..b {
+                    run += self.diff_b[g];
+                    self.diff_b[g] = 0.0;
+                    self.b_sum[g] += run;
+                }
+            }
+        }
+        let n_groups = self.g_weight.len();
+        let (mut r_acc, mut q_acc, mut rg_acc, mut qg_acc, mut qgg_acc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for g in 0..n_groups {
+            let s0 = if self.fg { self.f_sum[g] + self.g_cens[g] * self.b_sum[g] } else { self.f_sum[g] };
+            self.s0[g] = s0;
+            let wg = self.g_weight[g];
+            let (r, q) = if wg == 0.0 {
+                (0.0, 0.0)
+            } else if self.any_efron && self.efron_group[g] {
+                let d = self.g_count[g];
+                let wbar = wg / d as f64;
+                let e0 = self.e0[g];
+                let (mut r, mut q, mut u, mut v, mut z) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                for l in 0..d {
+                    let f = l as f64 / d as f64;
+                    let inv = 1.0 / (s0 - f * e0);
+                    let inv2 = inv * inv;
+                    r += wbar * inv;
+                    q += wbar * inv2;
+                    u += wbar * f * inv;
+                    v += wbar * f * inv2;
+                    z += wbar * f * f * inv2;
+                }
+                self.eu[g] = u;
+                self.ev[g] = v;
+                self.ez[g] = z;
+                (r, q)
+            } else {
+                let r = wg / s0;
+                (r, r / s0)
+            };
+            r_acc += r;
+            q_acc += q;
+            self.pr[g + 1] = r_acc;
+            self.pq[g + 1] = q_acc;
+            if self.fg {
+                let gc = self.g_cens[g];
+                rg_acc += r * gc;
+                qg_acc += q * gc;
+                qgg_acc += q * gc * gc;
+                self.prg[g + 1] = rg_acc;
+                self.pqg[g + 1] = qg_acc;
+                self.pqgg[g + 1] = qgg_acc;
+            }
+        }
+        self.dirty = false;
+    }
+
+    /// Log partial likelihood at the current state.
+    pub fn log_likelihood(&mut self) -> f64 {
+        self.refresh();
+        let mut ll = 0.0;
+        for k in 0..self.eta.len() {
+            if self.event[k] {
+                ll += self.w[k] * self.eta[k];
+            }
+        }
+        for g in 0..self.g_weight.len() {
+            let wg = self.g_weight[g];
+            if wg == 0.0 {
+                continue;
+            }
+            let s0 = self.s0[g];
+            if self.any_efron && self.efron_group[g] {
+                let d = self.g_count[g];
+                let wbar = wg / d as f64;
+                for l in 0..d {
+                    ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
+                }
+            } else {
+                ll -= wg * s0.ln();
+            }
+        }
+        ll
+    }
+
+    /// β_j += delta.
+    pub fn update(&mut self, j: usize, delta: f64) {
+        if j >= self.cols.len() {
+            return;
+        }
+        self.beta[j] += delta;
+        // Temporarily take the column out to avoid borrowing self twice.
+        let col = std::mem::take(&mut self.cols[j]);
+        for (i, &k) in col.rows.iter().enumerate() {
+            let k = k as usize;
+            self.eta[k] += delta * col.value(i);
+            let we = self.w[k] * self.eta[k].exp();
+            let change = we - self.info[k].we;
+            self.info[k].we = we;
+            self.scatter(k, change);
+        }
+        self.cols[j] = col;
+        self.dirty = true;
+    }
+
+    /// (∂LL/∂β_j, −∂²LL/∂β_j²) at the current state.
+    pub fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
+        if j >= self.cols.len() {
+            return (0.0, 0.0);
+        }
+        self.refresh();
+        let col = &self.cols[j];
+        if col.rows.is_empty() {
+            return (0.0, 0.0);
+        }
+        let acc = match (col.vals.is_empty(), self.fg) {
+            (true, false) => self.walk::<true, false>(col),
+            (false, false) => self.walk::<false, false>(col),
+            (true, true) => self.walk::<true, true>(col),
+            (false, true) => self.walk::<false, true>(col),
+        };
+        let g = col.event_sum - acc.lin + acc.gcorr;
+        let h = acc.lin2 - acc.quad + acc.hcorr;
+        (g, h)
+    }
+
+    /// The O(nnz_j) walk over one column's breakpoints.
+    #[inline(never)]
+    fn walk<const IND: bool, const FG: bool>(&self, col: &SortedColumn) -> WalkAcc {
+        let mut acc = WalkAcc::default();
+        let mut st = Stratum::default();
+        let mut cur_s = u32::MAX;
+        let exits = &col.exits;
+        let mut xi = 0usize;
+        let n = col.rows.len();
+        let mut i = 0usize;
+        let efron = self.any_efron;
+        loop {
+            // Next breakpoint: entry i or exit xi, by (stratum, position).
+            let entry_key = (i < n).then(|| {
+                let ri = self.info[col.rows[i] as usize];
+                (ri.stratum, ri.pos)
+            });
+            let exit_key = (xi < exits.len()).then(|| {
+                let (p, ei) = exits[xi];
+                (self.info[col.rows[ei as usize] as usize].stratum, p)
+            });
+            let (take_exit, (s, p)) = match (entry_key, exit_key) {
+                (None, None) => break,
+                (Some(e), None) => (false, e),
+                (None, Some(x)) => (true, x),
+                (Some(e), Some(x)) => {
+                    if x < e {
+                        (true, x)
+                    } else {
+                        (false, e)
+                    }
+                }
+            };
+            if s != cur_s {
+                if cur_s != u32::MAX {
+                    self.close_stratum::<FG>(&mut st, &mut acc, cur_s);
+                }
+                cur_s = s;
+                st = Stratum::open(self, self.s_start[s as usize]);
+            }
+            if p != st.p0 {
+                if efron {
+                    self.efron_eval::<FG>(&mut st, &mut acc);
+                }
+                self.flush::<FG>(&mut st, &mut acc, p);
+            }
+            let (ei, sign) = if take_exit {
+                let e = exits[xi].1 as usize;
+                xi += 1;
+                (e, -1.0)
+            } else {
+                i += 1;
+                (i - 1, 1.0)
+            };
+            let k = col.rows[ei] as usize;
+            let x = if IND { 1.0 } else { col.vals[ei] };
+            let c = self.info[k].we * x * sign;
+            st.a += c;
+            if !IND {
+                st.a2 += c * x;
+            }
+            if FG {
+                let inv = self.inv_g[k];
+                st.b -= c * inv;
+                if !IND {
+                    st.b2 -= c * x * inv;
+                }
+            }
+            if efron && !take_exit && self.event[k] && (p as usize) < self.efron_group.len() && self.efron_group[p as usize] {
+                st.e1 += c;
+                st.e2 += c * x;
+                st.pending = true;
+            }
+        }
+        if cur_s != u32::MAX {
+            self.close_stratum::<FG>(&mut st, &mut acc, cur_s);
+        }
+        if IND {
+            // x² = x: the S2 sums equal the S1 sums.
+            acc.lin2 = acc.lin;
+        }
+        acc
+    }
+
+    #[inline(always)]
+    fn flush<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc, p1: u32) {
+        if p1 <= st.p0 {
+            return;
+        }
+        let p = p1 as usize;
+        let (r1, q1) = (self.pr[p], self.pq[p]);
+        let (dr, dq) = (r1 - st.r0, q1 - st.q0);
+        let (a, a2) = (st.a, st.a2);
+        if FG {
+            let (rg1, qg1, qgg1) = (self.prg[p], self.pqg[p], self.pqgg[p]);
+            let (drg, dqg, dqgg) = (rg1 - st.rg0, qg1 - st.qg0, qgg1 - st.qgg0);
+            let b = st.b;
+            acc.lin += a * dr + b * drg;
+            acc.lin2 += a2 * dr + st.b2 * drg;
+            acc.quad += a * a * dq + 2.0 * a * b * dqg + b * b * dqgg;
+            st.cross += a * dqg + b * dqgg;
+            st.rg0 = rg1;
+            st.qg0 = qg1;
+            st.qgg0 = qgg1;
+        } else {
+            acc.lin += a * dr;
+            acc.lin2 += a2 * dr;
+            acc.quad += a * a * dq;
+        }
+        st.r0 = r1;
+        st.q0 = q1;
+        st.p0 = p1;
+    }
+
+    #[inline(always)]
+    fn efron_eval<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc) {
+        if !st.pending {
+            return;
+        }
+        let g = st.p0 as usize;
+        let s1 = if FG { st.a + self.g_cens[g] * st.b } else { st.a };
+        let (u, v, z) = (self.eu[g], self.ev[g], self.ez[g]);
+        acc.gcorr += u * st.e1;
+        acc.hcorr -= u * st.e2 - 2.0 * v * s1 * st.e1 + z * st.e1 * st.e1;
+        if FG {
+            st.ve1g += v * st.e1 * self.g_cens[g];
+        }
+        st.e1 = 0.0;
+        st.e2 = 0.0;
+        st.pending = false;
+    }
+
+    fn close_stratum<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc, s: u32) {
+        if self.any_efron {
+            self.efron_eval::<FG>(st, acc);
+        }
+        let (a, e) = (self.s_start[s as usize] as usize, self.s_end[s as usize]);
+        self.flush::<FG>(st, acc, e);
+        if FG {
+            let e = e as usize;
+            // The backward sums started at Btot (unknown until the end) and ended at 0.
+            let big_b = -st.b;
+            let big_b2 = -st.b2;
+            let drg = self.prg[e] - self.prg[a];
+            acc.lin += big_b * drg;
+            acc.lin2 += big_b2 * drg;
+            acc.quad += 2.0 * big_b * st.cross + big_b * big_b * (self.pqgg[e] - self.pqgg[a]);
+            acc.hcorr += 2.0 * big_b * st.ve1g;
+        }
+    }
+
+    /// Observed information (−Hessian) over `cols`, row-major, from per-group sums.
+    pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let n = self.eta.len();
+        let mut out = vec![0.0; k * k];
+        if k == 0 {
+            return out;
+        }
+        // Dense copies of the requested columns in sorted order.
+        let mut xs = vec![0.0; k * n]; // row-major by row: xs[row * k + a]
+        for (a, &j) in cols.iter().enumerate() {
+            if let Some(col) = self.cols.get(j) {
+                for (i, &row) in col.rows.iter().enumerate() {
+                    xs[row as usize * k + a] = col.value(i);
+                }
+            }
+        }
+        let add = |s0: &mut f64, s1: &mut [f64], s2: &mut [f64], c: f64, x: &[f64]| {
+            *s0 += c;
+            for a in 0..k {
+                s1[a] += c * x[a];
+                for b in 0..k {
+                    s2[a * k + b] += c * x[a] * x[b];
+                }
+            }
+        };
+        let (mut f1, mut f2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut b1, mut b2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut e1, mut e2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut s1, mut s2) = (vec![0.0; k], vec![0.0; k * k]);
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            let mut f0 = 0.0;
+            let mut b0 = 0.0;
+            f1.fill(0.0);
+            f2.fill(0.0);
+            b1.fill(0.0);
+            b2.fill(0.0);
+            if self.fg {
+                for row in ra..rb {
+                    if self.inv_g[row] != 0.0 {
+                        let c = self.info[row].we * self.inv_g[row];
+                        add(&mut b0, &mut b1, &mut b2, c, &xs[row * k..row * k + k]);
+                    }
+                }
+            }
+            let mut ptr = ra;
+            for g in ga..gb {
+                let mut e0 = 0.0;
+                e1.fill(0.0);
+                e2.fill(0.0);
+                while ptr < rb && (self.info[ptr].pos as usize) <= g {
+                    let c = self.info[ptr].we;
+                    let x = &xs[ptr * k..ptr * k + k];
+                    add(&mut f0, &mut f1, &mut f2, c, x);
+                    if self.fg && self.inv_g[ptr] != 0.0 {
+                        add(&mut b0, &mut b1, &mut b2, -c * self.inv_g[ptr], x);
+                    }
+                    if self.event[ptr] {
+                        add(&mut e0, &mut e1, &mut e2, c, x);
+                    }
+                    ptr += 1;
+                }
+                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= g {
+                    let row = self.all_exits[xp].1 as usize;
+                    add(&mut f0, &mut f1, &mut f2, -self.info[row].we, &xs[row * k..row * k + k]);
+                    xp += 1;
+                }
+                let gc = if self.fg { self.g_cens[g] } else { 0.0 };
+                let s0 = f0 + gc * b0;
+                for a in 0..k {
+                    s1[a] = f1[a] + gc * b1[a];
+                }
+                for a in 0..k * k {
+                    s2[a] = f2[a] + gc * b2[a];
+                }
+                let wg = self.g_weight[g];
+                if wg == 0.0 {
+                    continue;
+                }
+                let (d, efron) = (self.g_count[g], self.any_efron && self.efron_group[g]);
+                let terms = if efron { d } else { 1 };
+                let wbar = if efron { wg / d as f64 } else { wg };
+                for l in 0..terms {
+                    let f = if efron { l as f64 / d as f64 } else { 0.0 };
+                    let den = s0 - f * e0;
+                    for a in 0..k {
+                        let ma = s1[a] - f * e1[a];
+                        for b in 0..k {
+                            let mb = s1[b] - f * e1[b];
+                            out[a * k + b] += wbar * ((s2[a * k + b] - f * e2[a * k + b]) / den - ma * mb / (den * den));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct WalkAcc {
+    lin: f64,
+    lin2: f64,
+    quad: f64,
+    gcorr: f64,
+    hcorr: f64,
+}
+
+/// Running state of the walk inside one stratum.
+#[derive(Default)]
+struct Stratum {
+    p0: u32,
+    r0: f64,
+    q0: f64,
+    rg0: f64,
+    qg0: f64,
+    qgg0: f64,
+    a: f64,
+    a2: f64,
+    b: f64,
+    b2: f64,
+    cross: f64,
+    ve1g: f64,
+    e1: f64,
+    e2: f64,
+    pending: bool,
+}
+
+impl Stratum {
+    fn open(m: &RiskSetModel, p: u32) -> Self {
+        let i = p as usize;
+        Stratum {
+            p0: p,
+            r0: m.pr[i],
+            q0: m.pq[i],
+            rg0: if m.fg { m.prg[i] } else { 0.0 },
+            qg0: if m.fg { m.pqg[i] } else { 0.0 },
+            qgg0: if m.fg { m.pqgg[i] } else { 0.0 },
+            ..Default::default()
+        }
+    }
+}
+
+/// Test support shared by the Cox and Fine–Gray unit tests: a seeded generator of small data
+/// sets and a slow, obviously-correct O(N²) reference built from direct risk-set sums.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::super::design::{DesignBuilder, DesignMatrix, OutcomeRecord};
+    use super::super::{Likelihood, Ties};
+
+    /// xorshift64* (seeded, no dependencies).
+    pub struct Rng(pub u64);
+    impl Rng {
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        pub fn unif(&mut self) -> f64 {
+            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+    }
+
+    /// Options of the random data.
+    #[derive(Clone, Copy)]
+    pub struct Spec {
+        pub n: usize,
+        pub p: usize,
+        pub strata: u64,
+        pub weights: bool,
+        pub counting: bool,
+        pub fine_gray: bool,
+        pub offset: bool,
+    }
+
+    /// Random outcome rows (with many ties) and covariates: columns 0..p/2 indicator, the
+    /// rest with real values.
+    pub fn random_records(spec: Spec, seed: u64) -> (Vec<OutcomeRecord>, Vec<(i64, i64, f64)>) {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut recs = Vec::new();
+        let mut covs = Vec::new();
+        for i in 0..spec.n {
+            let time = (1 + rng.below(8)) as f64;
+            let u = rng.unif();
+            let y = if spec.fine_gray {
+                if u < 0.4 {
+                    1.0
+                } else if u < 0.7 {
+                    2.0
+                } else {
+                    0.0
+                }
+            } else if u < 0.55 {
+                1.0
+            } else {
+                0.0
+            };
+            let row_id = 1000 + 7 * i as i64;
+            recs.push(OutcomeRecord {
+                row_id,
+                stratum_id: (spec.strata > 1).then(|| 50 - rng.below(spec.strata) as i64),
+                time: Some(time),
+                y,
+                weight: spec.weights.then(|| 0.25 + 2.0 * rng.unif()),
+                start_time: spec.counting.then(|| (rng.below(time as u64) as f64) - 0.5 * rng.unif() * f64::from(u8::from(rng.below(2) == 0))),
+                offset: spec.offset.then(|| 0.3 * rng.unif() - 0.15),
+                censor_weight: None,
+            });
+            for j in 0..spec.p {
+                if rng.unif() < 0.45 {
+                    let v = if j < spec.p / 2 { 1.0 } else { (rng.unif() * 2.0 - 0.7).round() * 0.5 + 0.1 };
+                    covs.push((row_id, j as i64 * 3 + 1, v));
+                }
+            }
+        }
+        (recs, covs)
+    }
+
+    pub fn build(recs: &[OutcomeRecord], covs: &[(i64, i64, f64)]) -> DesignMatrix {
+        let mut b = DesignBuilder::new();
+        for r in recs {
+            b.push_outcome(*r);
+        }
+        for &(r, c, v) in covs {
+            b.push_covariate(r, c, v);
+        }
+        b.build().expect("valid test data")
+    }
+
+    /// Brute-force LL, gradient and information (−Hessian) at β, straight from the definitions.
+    /// `censor` = G(T−) per row (Fine–Gray), `None` for Cox.
+    pub fn brute(x: &DesignMatrix, beta: &[f64], ties: Ties, censor: Option<&[f64]>) -> (f64, Vec<f64>, Vec<f64>) {
+        let n = x.n_rows();
+        let p = x.n_cols();
+        let r = &x.rows;
+        let xd: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(n)).collect();
+        let eta: Vec<f64> = (0..n).map(|i| x.offset(i) + (0..p).map(|j| beta[j] * xd[j][i]).sum::<f64>()).collect();
+        let mut ll = 0.0;
+        let mut grad = vec![0.0; p];
+        let mut info = vec![0.0; p * p];
+        for i in 0..n {
+            if r.y[i] == 1.0 {
+                ll += x.weight(i) * eta[i];
+                for j in 0..p {
+                    grad[j] += x.weight(i) * xd[j][i];
+                }
+            }
+        }
+        // Distinct (stratum, event time).
+        let mut keys: Vec<(u32, f64)> = (0..n).filter(|&i| r.y[i] == 1.0).map(|i| (r.stratum[i], r.time[i])).collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        keys.dedup();
+        for &(s, t) in &keys {
+            let events: Vec<usize> = (0..n).filter(|&i| r.stratum[i] == s && r.time[i] == t && r.y[i] == 1.0).collect();
+            let g_t = censor.map_or(1.0, |c| c[events[0]]);
+            let mut s0 = 0.0;
+            let mut s1 = vec![0.0; p];
+            let mut s2 = vec![0.0; p * p];
+            for k in 0..n {
+                if r.stratum[k] != s {
+                    continue;
+                }
+                let fwd = r.time[k] >= t && r.start_time.as_ref().is_none_or(|st| st[k] < t);
+                let wt = if fwd {
+                    1.0
+                } else if censor.is_some() && r.y[k] == 2.0 && r.time[k] < t {
+                    g_t / censor.unwrap()[k]
+                } else {
+                    continue;
+                };
+                let c = wt * x.weight(k) * eta[k].exp();
+                s0 += c;
+                for a in 0..p {
+                    s1[a] += c * xd[a][k];
+                    for b in 0..p {
+                        s2[a * p + b] += c * xd[a][k] * xd[b][k];
+                    }
+                }
+            }
+            let d = events.len();
+            let wsum: f64 = events.iter().map(|&i| x.weight(i)).sum();
+            let mut e0 = 0.0;
+            let mut e1 = vec![0.0; p];
+            let mut e2 = vec![0.0; p * p];
+            for &k in &events {
+                let c = x.weight(k) * eta[k].exp();
+                e0 += c;
+                for a in 0..p {
+                    e1[a] += c * xd[a][k];
+                    for b in 0..p {
+                        e2[a * p + b] += c * xd[a][k] * xd[b][k];
+                    }
+                }
+            }
+            let (terms, wbar) = match ties {
+                Ties::Breslow => (1, wsum),
+                Ties::Efron => (d, wsum / d as f64),
+            };
+            for l in 0..terms {
+                let f = l as f64 / d as f64;
+                let den = s0 - f * e0;
+                ll -= wbar * den.ln();
+                for a in 0..p {
+                    let ma = s1[a] - f * e1[a];
+                    grad[a] -= wbar * ma / den;
+                    for b in 0..p {
+                        let mb = s1[b] - f * e1[b];
+                        info[a * p + b] += wbar * ((s2[a * p + b] - f * e2[a * p + b]) / den - ma * mb / (den * den));
+                    }
+                }
+            }
+        }
+        (ll, grad, info)
+    }
+
+    pub fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+    }
+
+    /// Compare the likelihood's state at `beta` against the brute force (LL, every g_j and h_j,
+    /// and the full information matrix).
+    pub fn check(lik: &mut dyn Likelihood, x: &DesignMatrix, beta: &[f64], ties: Ties, censor: Option<&[f64]>, what: &str) {
+        let (ll, grad, info) = brute(x, beta, ties, censor);
+        let p = beta.len();
+        let got = lik.log_likelihood();
+        assert!(close(got, ll, 1e-10), "{what}: LL {got} vs {ll}");
+        for j in 0..p {
+            let (g, h) = lik.gradient_hessian(j);
+            assert!(close(g, grad[j], 1e-9), "{what}: g[{j}] {g} vs {}", grad[j]);
+            assert!(close(h, info[j * p + j], 1e-9), "{what}: h[{j}] {h} vs {}", info[j * p + j]);
+        }
+        let cols: Vec<usize> = (0..p).collect();
+        let got = lik.information(&cols);
+        for (a, (&u, &v)) in got.iter().zip(&info).enumerate() {
+            assert!(close(u, v, 1e-9), "{what}: info[{a}] {u} vs {v}");
+        }
+    }
+
+    /// Set β, check, then a sequence of updates (each checked), then set_beta again.
+    pub fn exercise(lik: &mut dyn Likelihood, x: &DesignMatrix, ties: Ties, censor: Option<&[f64]>, seed: u64, what: &str) {
+        let p = x.n_cols();
+        let mut rng = Rng(seed | 1);
+        let mut beta: Vec<f64> = (0..p).map(|_| rng.unif() - 0.5).collect();
+        lik.set_beta(&beta);
+        check(lik, x, &beta, ties, censor, &format!("{what} after set_beta"));
+        for step in 0..2 * p {
+            let j = rng.below(p as u64) as usize;
+            let d = rng.unif() - 0.5;
+            beta[j] += d;
+            lik.update(j, d);
+            if step % 2 == 1 {
+                check(lik, x, &beta, ties, censor, &format!("{what} after update {step}"));
+            }
+        }
+        lik.set_beta(&beta);
+        check(lik, x, &beta, ties, censor, &format!("{what} after second set_beta"));
+    }
+}
