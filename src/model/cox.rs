@@ -34,6 +34,13 @@ impl Cox {
         })
     }
 
+    /// Force tiny chunks (tests of the chunked walk).
+    #[cfg(test)]
+    pub(crate) fn with_min_chunk(mut self, entries: usize) -> Self {
+        self.model.set_min_chunk(entries);
+        self
+    }
+
     /// Number of event groups (distinct (stratum, event time) pairs).
     pub fn n_groups(&self) -> usize {
         self.model.n_groups()
@@ -86,9 +93,11 @@ mod tests {
                 seed += 1;
                 let (recs, covs) = random_records(spec(strata, weights, counting), seed);
                 let x = build(&recs, &covs);
-                let mut cox = Cox::new(&x, ties).unwrap();
-                let what = format!("{ties:?} strata={strata} weights={weights} counting={counting}");
-                exercise(&mut cox, &x, ties, None, seed * 31, &what);
+                for min_chunk in [usize::MAX, 3, 1] {
+                    let mut cox = Cox::new(&x, ties).unwrap().with_min_chunk(min_chunk);
+                    let what = format!("{ties:?} strata={strata} weights={weights} counting={counting} chunk={min_chunk}");
+                    exercise(&mut cox, &x, ties, None, seed * 31, &what);
+                }
             }
         }
     }
@@ -145,18 +154,20 @@ mod tests {
 
     #[test]
     fn row_order_and_thread_count_invariance() {
-        for ties in [Ties::Breslow, Ties::Efron] {
-            let (mut recs, mut covs) = random_records(spec(3, true, true), 77);
+        for (ties, counting) in [(Ties::Breslow, true), (Ties::Efron, true), (Ties::Breslow, false), (Ties::Efron, false)] {
+            let (mut recs, mut covs) = random_records(spec(3, true, counting), 77);
             let beta = [0.2, -0.4, 0.1, 0.3];
-            let reference = fingerprint(&mut Cox::new(&build(&recs, &covs), ties).unwrap(), &beta);
+            // Tiny chunks so that the parallel walk really runs on several threads.
+            let make = |recs: &[OutcomeRecord], covs: &[(i64, i64, f64)]| Cox::new(&build(recs, covs), ties).unwrap().with_min_chunk(2);
+            let reference = fingerprint(&mut make(&recs, &covs), &beta);
             recs.reverse();
             covs.reverse();
             recs.swap(3, 17);
-            let shuffled = fingerprint(&mut Cox::new(&build(&recs, &covs), ties).unwrap(), &beta);
+            let shuffled = fingerprint(&mut make(&recs, &covs), &beta);
             assert_eq!(reference, shuffled, "{ties:?}: row order changed the results");
             for threads in 1..=3 {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                let got = pool.install(|| fingerprint(&mut Cox::new(&build(&recs, &covs), ties).unwrap(), &beta));
+                let got = pool.install(|| fingerprint(&mut make(&recs, &covs), &beta));
                 assert_eq!(reference, got, "{ties:?}: {threads} threads changed the results");
             }
         }

@@ -42,6 +42,13 @@ impl FineGray {
         })
     }
 
+    /// Force tiny chunks (tests of the chunked walk).
+    #[cfg(test)]
+    pub(crate) fn with_min_chunk(mut self, entries: usize) -> Self {
+        self.model.set_min_chunk(entries);
+        self
+    }
+
     /// Number of event groups (distinct (stratum, event time) pairs with a y = 1 event).
     pub fn n_groups(&self) -> usize {
         self.model.n_groups()
@@ -91,9 +98,11 @@ mod tests {
                 let (recs, covs) = random_records(spec(strata, weights), seed);
                 let x = build(&recs, &covs);
                 let g = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
-                let mut fg = FineGray::new(&x, ties).unwrap();
-                let what = format!("FG {ties:?} strata={strata} weights={weights}");
-                exercise(&mut fg, &x, ties, Some(&g), seed * 13, &what);
+                for min_chunk in [usize::MAX, 3, 1] {
+                    let mut fg = FineGray::new(&x, ties).unwrap().with_min_chunk(min_chunk);
+                    let what = format!("FG {ties:?} strata={strata} weights={weights} chunk={min_chunk}");
+                    exercise(&mut fg, &x, ties, Some(&g), seed * 13, &what);
+                }
             }
         }
     }
@@ -154,7 +163,7 @@ mod tests {
         let x = b.build().unwrap();
         let g = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
         for ties in [Ties::Breslow, Ties::Efron] {
-            let mut fg = FineGray::new(&x, ties).unwrap();
+            let mut fg = FineGray::new(&x, ties).unwrap().with_min_chunk(2);
             exercise(&mut fg, &x, ties, Some(&g), 3, "fdata");
         }
     }
@@ -178,5 +187,43 @@ mod tests {
         // No events of interest at all.
         x.rows.y = vec![2.0, 0.0, 0.0];
         assert!(FineGray::new(&x, Ties::Breslow).is_err());
+    }
+}
+
+#[cfg(test)]
+mod invariance_tests {
+    use super::*;
+    use crate::model::risk_set::test_support::{build, random_records, Spec};
+
+    fn fingerprint(fg: &mut FineGray, beta: &[f64]) -> Vec<u64> {
+        fg.set_beta(beta);
+        let mut out = vec![fg.log_likelihood().to_bits()];
+        fg.update(0, -0.2);
+        for j in 0..beta.len() {
+            let (g, h) = fg.gradient_hessian(j);
+            out.push(g.to_bits());
+            out.push(h.to_bits());
+        }
+        out.extend(fg.information(&[1, 3]).iter().map(|v| v.to_bits()));
+        out
+    }
+
+    #[test]
+    fn row_order_and_thread_count_invariance() {
+        let spec = Spec { n: 80, p: 4, strata: 3, weights: true, counting: false, fine_gray: true, offset: false };
+        for ties in [Ties::Breslow, Ties::Efron] {
+            let (mut recs, mut covs) = random_records(spec, 5);
+            let beta = [0.1, 0.4, -0.3, 0.2];
+            let make = |r: &[_], c: &[_]| FineGray::new(&build(r, c), ties).unwrap().with_min_chunk(2);
+            let reference = fingerprint(&mut make(&recs, &covs), &beta);
+            recs.reverse();
+            covs.reverse();
+            assert_eq!(reference, fingerprint(&mut make(&recs, &covs), &beta), "{ties:?} row order");
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let got = pool.install(|| fingerprint(&mut make(&recs, &covs), &beta));
+                assert_eq!(reference, got, "{ties:?}: {threads} threads");
+            }
+        }
     }
 }

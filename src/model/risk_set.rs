@@ -105,6 +105,8 @@ pub struct RiskSetModel {
     g_cens: Vec<f64>,
     efron_group: Vec<bool>,
     any_efron: bool,
+    /// Entries per chunk below which a column is walked in one piece ([`MIN_CHUNK`]).
+    min_chunk: usize,
     // ---- columns ----
     cols: Vec<SortedColumn>,
     // ---- state ----
@@ -378,6 +380,7 @@ impl RiskSetModel {
             g_cens,
             efron_group,
             any_efron,
+            min_chunk: MIN_CHUNK,
             cols,
             beta: vec![0.0; p],
             f_sum: vec![0.0; n_groups],
@@ -399,6 +402,12 @@ impl RiskSetModel {
         let beta = vec![0.0; p];
         m.set_beta(&beta);
         Ok(m)
+    }
+
+    /// Use chunks of at least `entries` column entries (tests force tiny chunks with it).
+    #[cfg(test)]
+    pub(crate) fn set_min_chunk(&mut self, entries: usize) {
+        self.min_chunk = entries;
     }
 
     /// Which likelihood this is.
@@ -600,40 +609,94 @@ impl RiskSetModel {
         }
         self.refresh();
         let col = &self.cols[j];
-        if col.rows.is_empty() {
+        let n = col.rows.len();
+        if n == 0 {
             return (0.0, 0.0);
         }
-        let acc = match (col.vals.is_empty(), self.fg) {
-            (true, false) => self.walk::<true, false>(col),
-            (false, false) => self.walk::<false, false>(col),
-            (true, true) => self.walk::<true, true>(col),
-            (false, true) => self.walk::<false, true>(col),
+        let bounds = self.chunk_bounds(col);
+        let walk = |c: usize| -> ChunkOut {
+            let (i0, i1) = (bounds[c], bounds[c + 1]);
+            match (col.vals.is_empty(), self.fg) {
+                (true, false) => self.walk_chunk::<true, false>(col, i0, i1),
+                (false, false) => self.walk_chunk::<false, false>(col, i0, i1),
+                (true, true) => self.walk_chunk::<true, true>(col, i0, i1),
+                (false, true) => self.walk_chunk::<false, true>(col, i0, i1),
+            }
         };
+        let n_chunks = bounds.len() - 1;
+        let outs: Vec<ChunkOut> = if n_chunks == 1 {
+            vec![walk(0)]
+        } else {
+            use rayon::prelude::*;
+            (0..n_chunks).into_par_iter().map(walk).collect()
+        };
+        // Combine in chunk order (fixed, independent of the number of threads).
+        let mut acc = WalkAcc::default();
+        let mut pending: Vec<Piece> = Vec::new();
+        for out in outs {
+            for piece in out.open {
+                let ends = piece.ends;
+                pending.push(piece);
+                if ends {
+                    acc.add(&self.resolve(&pending));
+                    pending.clear();
+                }
+            }
+            acc.add(&out.resolved);
+        }
+        if col.vals.is_empty() {
+            // x² = x: the S2 sums equal the S1 sums.
+            acc.lin2 = acc.lin;
+        }
         let g = col.event_sum - acc.lin + acc.gcorr;
         let h = acc.lin2 - acc.quad + acc.hcorr;
         (g, h)
     }
 
-    /// The O(nnz_j) walk over one column's breakpoints.
-    #[inline(never)]
-    fn walk<const IND: bool, const FG: bool>(&self, col: &SortedColumn) -> WalkAcc {
-        let mut acc = WalkAcc::default();
-        let mut st = Stratum::default();
-        let mut cur_s = u32::MAX;
-        let exits = &col.exits;
-        let mut xi = 0usize;
+    /// Split a column's entries into a fixed number of chunks (depends only on the data, never
+    /// on the thread count), cutting only where the (stratum, position) key changes.
+    fn chunk_bounds(&self, col: &SortedColumn) -> Vec<usize> {
         let n = col.rows.len();
-        let mut i = 0usize;
+        let n_chunks = if self.counting { 1 } else { (n / self.min_chunk.max(1)).clamp(1, MAX_CHUNKS) };
+        let mut bounds = Vec::with_capacity(n_chunks + 1);
+        bounds.push(0);
+        let key = |i: usize| {
+            let ri = self.info[col.rows[i] as usize];
+            (ri.stratum, ri.pos)
+        };
+        for c in 1..n_chunks {
+            let mut i = (c * n / n_chunks).max(*bounds.last().unwrap_or(&0));
+            while i > 0 && i < n && key(i) == key(i - 1) {
+                i += 1;
+            }
+            if i > *bounds.last().unwrap_or(&0) && i < n {
+                bounds.push(i);
+            }
+        }
+        bounds.push(n);
+        bounds
+    }
+
+    /// The walk over entries `i0..i1` of one column (plus its exits when it is the only chunk).
+    #[inline(never)]
+    fn walk_chunk<const IND: bool, const FG: bool>(&self, col: &SortedColumn, i0: usize, i1: usize) -> ChunkOut {
+        let mut out = ChunkOut::default();
+        let mut run = Run::default();
+        let mut cur_s = u32::MAX;
+        let exits: &[(u32, u32)] = if i0 == 0 && i1 == col.rows.len() { &col.exits } else { &[] };
+        let mut xi = 0usize;
+        let mut i = i0;
         let efron = self.any_efron;
+        let stratum_of_entry = |i: usize| self.info[col.rows[i] as usize].stratum;
         loop {
             // Next breakpoint: entry i or exit xi, by (stratum, position).
-            let entry_key = (i < n).then(|| {
+            let entry_key = (i < i1).then(|| {
                 let ri = self.info[col.rows[i] as usize];
                 (ri.stratum, ri.pos)
             });
             let exit_key = (xi < exits.len()).then(|| {
                 let (p, ei) = exits[xi];
-                (self.info[col.rows[ei as usize] as usize].stratum, p)
+                (stratum_of_entry(ei as usize), p)
             });
             let (take_exit, (s, p)) = match (entry_key, exit_key) {
                 (None, None) => break,
@@ -649,16 +712,17 @@ impl RiskSetModel {
             };
             if s != cur_s {
                 if cur_s != u32::MAX {
-                    self.close_stratum::<FG>(&mut st, &mut acc, cur_s);
+                    self.finish_run::<FG>(&mut run, cur_s, &mut out);
                 }
                 cur_s = s;
-                st = Stratum::open(self, self.s_start[s as usize]);
+                let continues = i == i0 && i0 > 0 && stratum_of_entry(i0 - 1) == s;
+                run = Run::open(self, if continues { p } else { self.s_start[s as usize] }, !continues);
             }
-            if p != st.p0 {
+            if p != run.p0 {
                 if efron {
-                    self.efron_eval::<FG>(&mut st, &mut acc);
+                    self.efron_eval::<FG>(&mut run);
                 }
-                self.flush::<FG>(&mut st, &mut acc, p);
+                self.flush::<FG>(&mut run, p);
             }
             let (ei, sign) = if take_exit {
                 let e = exits[xi].1 as usize;
@@ -671,98 +735,135 @@ impl RiskSetModel {
             let k = col.rows[ei] as usize;
             let x = if IND { 1.0 } else { col.vals[ei] };
             let c = self.info[k].we * x * sign;
-            st.a += c;
+            run.a += c;
             if !IND {
-                st.a2 += c * x;
+                run.a2 += c * x;
             }
             if FG {
                 let inv = self.inv_g[k];
-                st.b -= c * inv;
+                run.b -= c * inv;
                 if !IND {
-                    st.b2 -= c * x * inv;
+                    run.b2 -= c * x * inv;
                 }
             }
             if efron && !take_exit && self.event[k] && (p as usize) < self.efron_group.len() && self.efron_group[p as usize] {
-                st.e1 += c;
-                st.e2 += c * x;
-                st.pending = true;
+                run.e1 += c;
+                run.e2 += c * x;
+                run.pending = true;
             }
         }
         if cur_s != u32::MAX {
-            self.close_stratum::<FG>(&mut st, &mut acc, cur_s);
+            if i1 < col.rows.len() && stratum_of_entry(i1) == cur_s {
+                // The stratum continues in the next chunk, whose first position ends this run.
+                if efron {
+                    self.efron_eval::<FG>(&mut run);
+                }
+                self.flush::<FG>(&mut run, self.info[col.rows[i1] as usize].pos);
+                out.open.push(run.piece(false));
+            } else {
+                self.finish_run::<FG>(&mut run, cur_s, &mut out);
+            }
         }
-        if IND {
-            // x² = x: the S2 sums equal the S1 sums.
-            acc.lin2 = acc.lin;
+        out
+    }
+
+    /// Close a run at its stratum's end.
+    fn finish_run<const FG: bool>(&self, run: &mut Run, s: u32, out: &mut ChunkOut) {
+        if self.any_efron {
+            self.efron_eval::<FG>(run);
+        }
+        self.flush::<FG>(run, self.s_end[s as usize]);
+        let piece = run.piece(true);
+        if run.starts {
+            out.resolved.add(&self.resolve(&[piece]));
+        } else {
+            out.open.push(piece);
+        }
+    }
+
+    /// Resolve the runs of one whole stratum (in order): run i started with a = Σ_{k<i} a_k
+    /// and b = Btot + Σ_{k<i} b_k, where the backward total Btot = −Σ_k b_k (the walk starts b
+    /// at 0 and subtracts every competing row once).
+    fn resolve(&self, pieces: &[Piece]) -> WalkAcc {
+        let mut acc = WalkAcc::default();
+        let (mut a, mut a2) = (0.0, 0.0);
+        let mut b = -pieces.iter().map(|p| p.b).sum::<f64>();
+        let mut b2 = -pieces.iter().map(|p| p.b2).sum::<f64>();
+        for p in pieces {
+            let (s, e) = (p.p_first as usize, p.p_end as usize);
+            let (dr, dq) = (self.pr[e] - self.pr[s], self.pq[e] - self.pq[s]);
+            let mut piece = p.acc;
+            piece.lin += a * dr;
+            piece.lin2 += a2 * dr;
+            piece.quad += 2.0 * a * p.cross_q + a * a * dq;
+            piece.hcorr += 2.0 * a * p.ve1;
+            if self.fg {
+                let drg = self.prg[e] - self.prg[s];
+                let (dqg, dqgg) = (self.pqg[e] - self.pqg[s], self.pqgg[e] - self.pqgg[s]);
+                piece.lin += b * drg;
+                piece.lin2 += b2 * drg;
+                piece.quad += 2.0 * b * p.cross_qg + 2.0 * a * b * dqg + b * b * dqgg;
+                piece.hcorr += 2.0 * b * p.ve1g;
+            }
+            acc.add(&piece);
+            a += p.a;
+            a2 += p.a2;
+            b += p.b;
+            b2 += p.b2;
         }
         acc
     }
 
     #[inline(always)]
-    fn flush<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc, p1: u32) {
-        if p1 <= st.p0 {
+    fn flush<const FG: bool>(&self, run: &mut Run, p1: u32) {
+        if p1 <= run.p0 {
             return;
         }
         let p = p1 as usize;
         let (r1, q1) = (self.pr[p], self.pq[p]);
-        let (dr, dq) = (r1 - st.r0, q1 - st.q0);
-        let (a, a2) = (st.a, st.a2);
+        let (dr, dq) = (r1 - run.r0, q1 - run.q0);
+        let (a, a2) = (run.a, run.a2);
         if FG {
             let (rg1, qg1, qgg1) = (self.prg[p], self.pqg[p], self.pqgg[p]);
-            let (drg, dqg, dqgg) = (rg1 - st.rg0, qg1 - st.qg0, qgg1 - st.qgg0);
-            let b = st.b;
-            acc.lin += a * dr + b * drg;
-            acc.lin2 += a2 * dr + st.b2 * drg;
-            acc.quad += a * a * dq + 2.0 * a * b * dqg + b * b * dqgg;
-            st.cross += a * dqg + b * dqgg;
-            st.rg0 = rg1;
-            st.qg0 = qg1;
-            st.qgg0 = qgg1;
+            let (drg, dqg, dqgg) = (rg1 - run.rg0, qg1 - run.qg0, qgg1 - run.qgg0);
+            let b = run.b;
+            run.acc.lin += a * dr + b * drg;
+            run.acc.lin2 += a2 * dr + run.b2 * drg;
+            run.acc.quad += a * a * dq + 2.0 * a * b * dqg + b * b * dqgg;
+            // Σ S1 q and Σ S1 q G over the run, for the offsets resolved later.
+            run.cross_q += a * dq + b * dqg;
+            run.cross_qg += a * dqg + b * dqgg;
+            run.rg0 = rg1;
+            run.qg0 = qg1;
+            run.qgg0 = qgg1;
         } else {
-            acc.lin += a * dr;
-            acc.lin2 += a2 * dr;
-            acc.quad += a * a * dq;
+            run.acc.lin += a * dr;
+            run.acc.lin2 += a2 * dr;
+            run.acc.quad += a * a * dq;
+            run.cross_q += a * dq;
         }
-        st.r0 = r1;
-        st.q0 = q1;
-        st.p0 = p1;
+        run.r0 = r1;
+        run.q0 = q1;
+        run.p0 = p1;
     }
 
     #[inline(always)]
-    fn efron_eval<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc) {
-        if !st.pending {
+    fn efron_eval<const FG: bool>(&self, run: &mut Run) {
+        if !run.pending {
             return;
         }
-        let g = st.p0 as usize;
-        let s1 = if FG { st.a + self.g_cens[g] * st.b } else { st.a };
+        let g = run.p0 as usize;
+        let s1 = if FG { run.a + self.g_cens[g] * run.b } else { run.a };
         let (u, v, z) = (self.eu[g], self.ev[g], self.ez[g]);
-        acc.gcorr += u * st.e1;
-        acc.hcorr -= u * st.e2 - 2.0 * v * s1 * st.e1 + z * st.e1 * st.e1;
+        run.acc.gcorr += u * run.e1;
+        run.acc.hcorr -= u * run.e2 - 2.0 * v * s1 * run.e1 + z * run.e1 * run.e1;
+        run.ve1 += v * run.e1;
         if FG {
-            st.ve1g += v * st.e1 * self.g_cens[g];
+            run.ve1g += v * run.e1 * self.g_cens[g];
         }
-        st.e1 = 0.0;
-        st.e2 = 0.0;
-        st.pending = false;
-    }
-
-    fn close_stratum<const FG: bool>(&self, st: &mut Stratum, acc: &mut WalkAcc, s: u32) {
-        if self.any_efron {
-            self.efron_eval::<FG>(st, acc);
-        }
-        let (a, e) = (self.s_start[s as usize] as usize, self.s_end[s as usize]);
-        self.flush::<FG>(st, acc, e);
-        if FG {
-            let e = e as usize;
-            // The backward sums started at Btot (unknown until the end) and ended at 0.
-            let big_b = -st.b;
-            let big_b2 = -st.b2;
-            let drg = self.prg[e] - self.prg[a];
-            acc.lin += big_b * drg;
-            acc.lin2 += big_b2 * drg;
-            acc.quad += 2.0 * big_b * st.cross + big_b * big_b * (self.pqgg[e] - self.pqgg[a]);
-            acc.hcorr += 2.0 * big_b * st.ve1g;
-        }
+        run.e1 = 0.0;
+        run.e2 = 0.0;
+        run.pending = false;
     }
 
     /// Observed information (−Hessian) over `cols`, row-major, from per-group sums.
@@ -869,7 +970,12 @@ impl RiskSetModel {
     }
 }
 
-#[derive(Default)]
+/// Entries per chunk below which a column is walked in one piece.
+const MIN_CHUNK: usize = 2048;
+/// Most chunks per column (fixed; the thread count never changes the split).
+const MAX_CHUNKS: usize = 16;
+
+#[derive(Debug, Default, Clone, Copy)]
 struct WalkAcc {
     lin: f64,
     lin2: f64,
@@ -878,9 +984,48 @@ struct WalkAcc {
     hcorr: f64,
 }
 
-/// Running state of the walk inside one stratum.
-#[derive(Default)]
-struct Stratum {
+impl WalkAcc {
+    fn add(&mut self, o: &WalkAcc) {
+        self.lin += o.lin;
+        self.lin2 += o.lin2;
+        self.quad += o.quad;
+        self.gcorr += o.gcorr;
+        self.hcorr += o.hcorr;
+    }
+}
+
+/// The sums of one run (part of a stratum) computed with a and b starting at 0, plus what is
+/// needed to add the true starting values later.
+#[derive(Debug, Default, Clone, Copy)]
+struct Piece {
+    acc: WalkAcc,
+    p_first: u32,
+    p_end: u32,
+    ends: bool,
+    cross_q: f64,
+    cross_qg: f64,
+    ve1: f64,
+    ve1g: f64,
+    a: f64,
+    a2: f64,
+    b: f64,
+    b2: f64,
+}
+
+/// Result of walking one chunk: fully resolved strata plus at most two open runs (the first
+/// and the last stratum, when they continue in a neighbouring chunk).
+#[derive(Debug, Default)]
+struct ChunkOut {
+    resolved: WalkAcc,
+    open: Vec<Piece>,
+}
+
+/// Running state of the walk inside one run.
+#[derive(Debug, Default)]
+struct Run {
+    acc: WalkAcc,
+    starts: bool,
+    p_first: u32,
     p0: u32,
     r0: f64,
     q0: f64,
@@ -891,17 +1036,21 @@ struct Stratum {
     a2: f64,
     b: f64,
     b2: f64,
-    cross: f64,
+    cross_q: f64,
+    cross_qg: f64,
+    ve1: f64,
     ve1g: f64,
     e1: f64,
     e2: f64,
     pending: bool,
 }
 
-impl Stratum {
-    fn open(m: &RiskSetModel, p: u32) -> Self {
+impl Run {
+    fn open(m: &RiskSetModel, p: u32, starts: bool) -> Self {
         let i = p as usize;
-        Stratum {
+        Run {
+            starts,
+            p_first: p,
             p0: p,
             r0: m.pr[i],
             q0: m.pq[i],
@@ -909,6 +1058,23 @@ impl Stratum {
             qg0: if m.fg { m.pqg[i] } else { 0.0 },
             qgg0: if m.fg { m.pqgg[i] } else { 0.0 },
             ..Default::default()
+        }
+    }
+
+    fn piece(&self, ends: bool) -> Piece {
+        Piece {
+            acc: self.acc,
+            p_first: self.p_first,
+            p_end: self.p0,
+            ends,
+            cross_q: self.cross_q,
+            cross_qg: self.cross_qg,
+            ve1: self.ve1,
+            ve1g: self.ve1g,
+            a: self.a,
+            a2: self.a2,
+            b: self.b,
+            b2: self.b2,
         }
     }
 }
