@@ -132,6 +132,7 @@ fn main() {
     let source = args.get(2).cloned().unwrap_or_else(|| "100000".into());
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let ties = if args.get(4).map(String::as_str) == Some("efron") { Ties::Efron } else { Ties::Breslow };
+    let tolerance: f64 = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1e-6);
     let t0 = Instant::now();
     let x = match source.parse::<usize>() {
         Ok(n) => generate(n, fg),
@@ -153,16 +154,27 @@ fn main() {
         println!("setup: {:.2} s", t1.elapsed().as_secs_f64());
         let p = lik.n_coef();
         let priors = PriorSet::new(Prior::Laplace { lambda: 100.0 }, &vec![false; p]);
-        let r = fit(lik.as_mut(), &priors, &vec![0.0; p], None, &CcdOptions::default()).unwrap();
+        let cpu0 = cpu_seconds();
+        let r = fit(lik.as_mut(), &priors, &vec![0.0; p], None, &CcdOptions { tolerance, ..Default::default() }).unwrap();
         let nonzero = r.beta.iter().filter(|&&b| b != 0.0).count();
         println!(
-            "{} {ties:?} threads = {threads}: {:.2} s, {} cycles ({:?}), LL = {:.6}, objective = {:.6}, nonzero = {nonzero}",
+            "{} {ties:?} threads = {threads}: {:.2} s wall, {:.2} s CPU (process), {} cycles ({:?}), LL = {:.6}, objective = {:.6}, nonzero = {nonzero}",
             if fg { "fine_gray" } else { "cox" },
             r.seconds,
+            cpu_seconds() - cpu0,
             r.iterations,
             r.status,
             r.log_likelihood,
             r.log_likelihood + r.log_prior
         );
     });
+}
+
+/// User + system CPU seconds of this process (Linux `/proc/self/stat`), 0 elsewhere.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }

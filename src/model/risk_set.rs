@@ -117,7 +117,6 @@ pub struct RiskSetModel {
     diff_f: Vec<f64>,
     diff_b: Vec<f64>,
     dirty: bool,
-    s0: Vec<f64>,
     // prefix sums over groups (length G + 1)
     pr: Vec<f64>,
     pq: Vec<f64>,
@@ -389,7 +388,6 @@ impl RiskSetModel {
             diff_f: vec![0.0; n_groups + 1],
             diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             dirty: true,
-            s0: vec![0.0; n_groups],
             pr: vec![0.0; n_groups + 1],
             pq: vec![0.0; n_groups + 1],
             prg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
@@ -489,69 +487,94 @@ impl RiskSetModel {
         if !self.dirty {
             return;
         }
-        for &s in &self.active_strata {
-            let (a, b) = (self.s_start[s as usize] as usize, self.s_end[s as usize] as usize);
-            let mut run = 0.0;
-            for g in a..b {
-                run += self.diff_f[g];
-                self.diff_f[g] = 0.0;
-                self.f_sum[g] += run;
-            }
-            if self.fg {
-                let mut run = 0.0;
-                for g in a..b {
-                    run += self.diff_b[g];
-                    self.diff_b[g] = 0.0;
-                    self.b_sum[g] += run;
-                }
-            }
-        }
-        let n_groups = self.g_weight.len();
-        let (mut r_acc, mut q_acc, mut rg_acc, mut qg_acc, mut qgg_acc) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for g in 0..n_groups {
-            let s0 = if self.fg { self.f_sum[g] + self.g_cens[g] * self.b_sum[g] } else { self.f_sum[g] };
-            self.s0[g] = s0;
-            let wg = self.g_weight[g];
-            let (r, q) = if wg == 0.0 {
-                (0.0, 0.0)
-            } else if self.any_efron && self.efron_group[g] {
-                let d = self.g_count[g];
-                let wbar = wg / d as f64;
-                let e0 = self.e0[g];
-                let (mut r, mut q, mut u, mut v, mut z) = (0.0, 0.0, 0.0, 0.0, 0.0);
-                for l in 0..d {
-                    let f = l as f64 / d as f64;
-                    let inv = 1.0 / (s0 - f * e0);
-                    let inv2 = inv * inv;
-                    r += wbar * inv;
-                    q += wbar * inv2;
-                    u += wbar * f * inv;
-                    v += wbar * f * inv2;
-                    z += wbar * f * f * inv2;
-                }
-                self.eu[g] = u;
-                self.ev[g] = v;
-                self.ez[g] = z;
-                (r, q)
-            } else {
-                let r = wg / s0;
-                (r, r / s0)
-            };
-            r_acc += r;
-            q_acc += q;
-            self.pr[g + 1] = r_acc;
-            self.pq[g + 1] = q_acc;
-            if self.fg {
-                let gc = self.g_cens[g];
-                rg_acc += r * gc;
-                qg_acc += q * gc;
-                qgg_acc += q * gc * gc;
-                self.prg[g + 1] = rg_acc;
-                self.pqg[g + 1] = qg_acc;
-                self.pqgg[g + 1] = qgg_acc;
-            }
+        match (self.fg, self.any_efron) {
+            (false, false) => self.refresh_impl::<false, false>(),
+            (false, true) => self.refresh_impl::<false, true>(),
+            (true, false) => self.refresh_impl::<true, false>(),
+            (true, true) => self.refresh_impl::<true, true>(),
         }
         self.dirty = false;
+    }
+
+    /// One fused pass over the groups: apply the pending differences, then r_g, q_g (Efron:
+    /// u, v, z) and their prefix sums.
+    fn refresh_impl<const FG: bool, const EFRON: bool>(&mut self) {
+        let (mut r_acc, mut q_acc, mut rg_acc, mut qg_acc, mut qgg_acc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for si in 0..self.active_strata.len() {
+            let s = self.active_strata[si] as usize;
+            let (a, b) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (mut run_f, mut run_b) = (0.0, 0.0);
+            for g in a..b {
+                run_f += self.diff_f[g];
+                self.diff_f[g] = 0.0;
+                let f = self.f_sum[g] + run_f;
+                self.f_sum[g] = f;
+                let s0 = if FG {
+                    run_b += self.diff_b[g];
+                    self.diff_b[g] = 0.0;
+                    let bb = self.b_sum[g] + run_b;
+                    self.b_sum[g] = bb;
+                    f + self.g_cens[g] * bb
+                } else {
+                    f
+                };
+                let wg = self.g_weight[g];
+                let (r, q) = if EFRON && self.efron_group[g] {
+                    let d = self.g_count[g];
+                    let wbar = wg / d as f64;
+                    let e0 = self.e0[g];
+                    let (mut r, mut q, mut u, mut v, mut z) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                    for l in 0..d {
+                        let f = l as f64 / d as f64;
+                        let inv = 1.0 / (s0 - f * e0);
+                        let inv2 = inv * inv;
+                        r += wbar * inv;
+                        q += wbar * inv2;
+                        u += wbar * f * inv;
+                        v += wbar * f * inv2;
+                        z += wbar * f * f * inv2;
+                    }
+                    if wg == 0.0 {
+                        (r, q, u, v, z) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                    }
+                    self.eu[g] = u;
+                    self.ev[g] = v;
+                    self.ez[g] = z;
+                    (r, q)
+                } else {
+                    let inv = 1.0 / s0;
+                    let r = wg * inv;
+                    if wg != 0.0 {
+                        (r, r * inv)
+                    } else {
+                        (0.0, 0.0)
+                    }
+                };
+                r_acc += r;
+                q_acc += q;
+                self.pr[g + 1] = r_acc;
+                self.pq[g + 1] = q_acc;
+                if FG {
+                    let gc = self.g_cens[g];
+                    rg_acc += r * gc;
+                    qg_acc += q * gc;
+                    qgg_acc += q * gc * gc;
+                    self.prg[g + 1] = rg_acc;
+                    self.pqg[g + 1] = qg_acc;
+                    self.pqgg[g + 1] = qgg_acc;
+                }
+            }
+        }
+    }
+
+    /// S0 of group `g` at the current state.
+    #[inline]
+    fn s0(&self, g: usize) -> f64 {
+        if self.fg {
+            self.f_sum[g] + self.g_cens[g] * self.b_sum[g]
+        } else {
+            self.f_sum[g]
+        }
     }
 
     /// Log partial likelihood at the current state.
@@ -568,7 +591,7 @@ impl RiskSetModel {
             if wg == 0.0 {
                 continue;
             }
-            let s0 = self.s0[g];
+            let s0 = self.s0(g);
             if self.any_efron && self.efron_group[g] {
                 let d = self.g_count[g];
                 let wbar = wg / d as f64;
@@ -677,6 +700,69 @@ impl RiskSetModel {
         bounds
     }
 
+    /// The walk without counting-process exits: a tight loop over the entries of each run.
+    #[inline(never)]
+    fn walk_entries<const IND: bool, const FG: bool>(&self, col: &SortedColumn, i0: usize, i1: usize) -> ChunkOut {
+        let mut out = ChunkOut::default();
+        let rows = &col.rows[..];
+        let vals = &col.vals[..];
+        let efron = self.any_efron;
+        let mut i = i0;
+        while i < i1 {
+            let first = self.info[rows[i] as usize];
+            let s = first.stratum;
+            let continues = i == i0 && i0 > 0 && self.info[rows[i0 - 1] as usize].stratum == s;
+            let start = if continues { first.pos } else { self.s_start[s as usize] };
+            // A local copy that never escapes, so that the hot state stays in registers.
+            let mut r = Run::open(self, start, !continues);
+            while i < i1 {
+                let k = rows[i] as usize;
+                let ri = self.info[k];
+                if ri.stratum != s {
+                    break;
+                }
+                let p = ri.pos;
+                if p != r.p0 {
+                    if efron {
+                        self.efron_eval::<FG>(&mut r);
+                    }
+                    self.flush::<FG>(&mut r, p);
+                }
+                let x = if IND { 1.0 } else { vals[i] };
+                let c = ri.we * x;
+                r.a += c;
+                if !IND {
+                    r.a2 += c * x;
+                }
+                if FG {
+                    let inv = self.inv_g[k];
+                    r.b -= c * inv;
+                    if !IND {
+                        r.b2 -= c * x * inv;
+                    }
+                }
+                if efron && self.event[k] && (p as usize) < self.efron_group.len() && self.efron_group[p as usize] {
+                    r.e1 += c;
+                    r.e2 += c * x;
+                    r.pending = true;
+                }
+                i += 1;
+            }
+            let mut run = r;
+            if i == i1 && i1 < rows.len() && self.info[rows[i1] as usize].stratum == s {
+                // The stratum continues in the next chunk, whose first position ends this run.
+                if efron {
+                    self.efron_eval::<FG>(&mut run);
+                }
+                self.flush::<FG>(&mut run, self.info[rows[i1] as usize].pos);
+                out.open.push(run.piece(false));
+            } else {
+                self.finish_run::<FG>(&mut run, s, &mut out);
+            }
+        }
+        out
+    }
+
     /// The walk over entries `i0..i1` of one column (plus its exits when it is the only chunk).
     #[inline(never)]
     fn walk_chunk<const IND: bool, const FG: bool>(&self, col: &SortedColumn, i0: usize, i1: usize) -> ChunkOut {
@@ -684,6 +770,9 @@ impl RiskSetModel {
         let mut run = Run::default();
         let mut cur_s = u32::MAX;
         let exits: &[(u32, u32)] = if i0 == 0 && i1 == col.rows.len() { &col.exits } else { &[] };
+        if exits.is_empty() {
+            return self.walk_entries::<IND, FG>(col, i0, i1);
+        }
         let mut xi = 0usize;
         let mut i = i0;
         let efron = self.any_efron;
@@ -1021,7 +1110,7 @@ struct ChunkOut {
 }
 
 /// Running state of the walk inside one run.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Run {
     acc: WalkAcc,
     starts: bool,
