@@ -118,8 +118,8 @@ pub struct RiskSetModel {
     diff_b: Vec<f64>,
     dirty: bool,
     // prefix sums over groups (length G + 1)
-    pr: Vec<f64>,
-    pq: Vec<f64>,
+    /// (Σ_{h<g} r_h, Σ_{h<g} q_h) interleaved, so the walk loads one cache line per position.
+    prq: Vec<[f64; 2]>,
     prg: Vec<f64>,
     pqg: Vec<f64>,
     pqgg: Vec<f64>,
@@ -327,10 +327,8 @@ impl RiskSetModel {
             let s = info[ki].stratum as usize;
             info[ki].pos < s_end[s] || (fg && inv_g[ki] != 0.0)
         };
-        let mut cols = Vec::with_capacity(x.n_cols());
-        let mut tmp: Vec<(u32, f64)> = Vec::new();
-        for c in &x.columns {
-            tmp.clear();
+        let sort_column = |c: &super::design::Column| {
+            let mut tmp: Vec<(u32, f64)> = Vec::with_capacity(c.nnz());
             tmp.extend(c.entries().map(|(i, v)| (new_index[i], v)).filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)));
             tmp.sort_unstable_by_key(|e| e.0);
             let indicator = c.format == ColumnFormat::Indicator || tmp.iter().all(|e| e.1 == 1.0);
@@ -350,8 +348,13 @@ impl RiskSetModel {
                 }
             }
             col.exits.sort_unstable();
-            cols.push(col);
-        }
+            col
+        };
+        // Independent per column, so the result does not depend on the thread count.
+        let cols: Vec<SortedColumn> = {
+            use rayon::prelude::*;
+            x.columns.par_iter().map(sort_column).collect()
+        };
 
         let efron_group: Vec<bool> = g_count.iter().map(|&d| ties == Ties::Efron && d >= 2).collect();
         let any_efron = efron_group.iter().any(|&b| b);
@@ -388,8 +391,7 @@ impl RiskSetModel {
             diff_f: vec![0.0; n_groups + 1],
             diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             dirty: true,
-            pr: vec![0.0; n_groups + 1],
-            pq: vec![0.0; n_groups + 1],
+            prq: vec![[0.0; 2]; n_groups + 1],
             prg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             pqg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             pqgg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
@@ -552,8 +554,7 @@ impl RiskSetModel {
                 };
                 r_acc += r;
                 q_acc += q;
-                self.pr[g + 1] = r_acc;
-                self.pq[g + 1] = q_acc;
+                self.prq[g + 1] = [r_acc, q_acc];
                 if FG {
                     let gc = self.g_cens[g];
                     rg_acc += r * gc;
@@ -613,13 +614,33 @@ impl RiskSetModel {
         self.beta[j] += delta;
         // Temporarily take the column out to avoid borrowing self twice.
         let col = std::mem::take(&mut self.cols[j]);
-        for (i, &k) in col.rows.iter().enumerate() {
-            let k = k as usize;
-            self.eta[k] += delta * col.value(i);
-            let we = self.w[k] * self.eta[k].exp();
-            let change = we - self.info[k].we;
-            self.info[k].we = we;
-            self.scatter(k, change);
+        if col.vals.is_empty() {
+            // 0/1 column: e changes by the same factor on every row (one exp per update; the
+            // rounding drift is removed by the from-scratch `set_beta` of every cycle).
+            let factor = delta.exp();
+            let simple = !self.counting && !self.fg && !self.any_efron;
+            for &k in &col.rows {
+                let k = k as usize;
+                self.eta[k] += delta;
+                let old = self.info[k].we;
+                let we = old * factor;
+                self.info[k].we = we;
+                if simple {
+                    // Cox rows kept in a column always enter some risk set (pos < stratum end).
+                    self.diff_f[self.info[k].pos as usize] += we - old;
+                } else {
+                    self.scatter(k, we - old);
+                }
+            }
+        } else {
+            for (i, &k) in col.rows.iter().enumerate() {
+                let k = k as usize;
+                self.eta[k] += delta * col.value(i);
+                let we = self.w[k] * self.eta[k].exp();
+                let change = we - self.info[k].we;
+                self.info[k].we = we;
+                self.scatter(k, change);
+            }
         }
         self.cols[j] = col;
         self.dirty = true;
@@ -716,6 +737,14 @@ impl RiskSetModel {
             // A local copy that never escapes, so that the hot state stays in registers.
             let mut r = Run::open(self, start, !continues);
             while i < i1 {
+                // The gathers are monotone but sparse: fetch ahead (a hint; never faults).
+                if i + 16 < i1 {
+                    prefetch(self.info.as_ptr().wrapping_add(rows[i + 16] as usize));
+                }
+                if i + 8 < i1 {
+                    let ahead = self.info[rows[i + 8] as usize].pos as usize;
+                    prefetch(self.prq.as_ptr().wrapping_add(ahead));
+                }
                 let k = rows[i] as usize;
                 let ri = self.info[k];
                 if ri.stratum != s {
@@ -880,7 +909,7 @@ impl RiskSetModel {
         let mut b2 = -pieces.iter().map(|p| p.b2).sum::<f64>();
         for p in pieces {
             let (s, e) = (p.p_first as usize, p.p_end as usize);
-            let (dr, dq) = (self.pr[e] - self.pr[s], self.pq[e] - self.pq[s]);
+            let (dr, dq) = (self.prq[e][0] - self.prq[s][0], self.prq[e][1] - self.prq[s][1]);
             let mut piece = p.acc;
             piece.lin += a * dr;
             piece.lin2 += a2 * dr;
@@ -909,7 +938,7 @@ impl RiskSetModel {
             return;
         }
         let p = p1 as usize;
-        let (r1, q1) = (self.pr[p], self.pq[p]);
+        let [r1, q1] = self.prq[p];
         let (dr, dq) = (r1 - run.r0, q1 - run.q0);
         let (a, a2) = (run.a, run.a2);
         if FG {
@@ -1059,6 +1088,18 @@ impl RiskSetModel {
     }
 }
 
+/// Ask the CPU to fetch the cache line holding `p` (no effect on other architectures).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` is only a hint; it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Entries per chunk below which a column is walked in one piece.
 const MIN_CHUNK: usize = 2048;
 /// Most chunks per column (fixed; the thread count never changes the split).
@@ -1141,8 +1182,8 @@ impl Run {
             starts,
             p_first: p,
             p0: p,
-            r0: m.pr[i],
-            q0: m.pq[i],
+            r0: m.prq[i][0],
+            q0: m.prq[i][1],
             rg0: if m.fg { m.prg[i] } else { 0.0 },
             qg0: if m.fg { m.pqg[i] } else { 0.0 },
             qgg0: if m.fg { m.pqgg[i] } else { 0.0 },
