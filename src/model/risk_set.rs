@@ -105,7 +105,7 @@ pub struct RiskSetModel {
     g_cens: Vec<f64>,
     efron_group: Vec<bool>,
     any_efron: bool,
-    /// Entries per chunk below which a column is walked in one piece ([`MIN_CHUNK`]).
+    /// Minimum entries per chunk of the walk ([`MIN_CHUNK`]).
     min_chunk: usize,
     // ---- columns ----
     cols: Vec<SortedColumn>,
@@ -738,11 +738,11 @@ impl RiskSetModel {
             let mut r = Run::open(self, start, !continues);
             while i < i1 {
                 // The gathers are monotone but sparse: fetch ahead (a hint; never faults).
-                if i + 16 < i1 {
-                    prefetch(self.info.as_ptr().wrapping_add(rows[i + 16] as usize));
+                if i + INFO_AHEAD < i1 {
+                    prefetch(self.info.as_ptr().wrapping_add(rows[i + INFO_AHEAD] as usize));
                 }
-                if i + 8 < i1 {
-                    let ahead = self.info[rows[i + 8] as usize].pos as usize;
+                if i + PREFIX_AHEAD < i1 {
+                    let ahead = self.info[rows[i + PREFIX_AHEAD] as usize].pos as usize;
                     prefetch(self.prq.as_ptr().wrapping_add(ahead));
                 }
                 let k = rows[i] as usize;
@@ -1099,6 +1099,11 @@ fn prefetch<T>(p: *const T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
+
+/// How far ahead the walk prefetches row data and prefix sums (entries).
+const INFO_AHEAD: usize = 48;
+/// See [`INFO_AHEAD`].
+const PREFIX_AHEAD: usize = 24;
 
 /// Entries per chunk below which a column is walked in one piece.
 const MIN_CHUNK: usize = 2048;
