@@ -117,6 +117,16 @@ pub struct RiskSetModel {
     diff_f: Vec<f64>,
     diff_b: Vec<f64>,
     dirty: bool,
+    /// Cox without Efron ties or (start, stop] rows: updates queue sorted (position, change)
+    /// pairs instead of touching the dense difference array.
+    simple: bool,
+    /// Every group has total weight 1 (r_g = 1/S0).
+    unit_groups: bool,
+    /// Queued (position, change of w e) of the simple path, sorted by position when `pending_sorted`.
+    pending: Vec<(u32, f64)>,
+    pending_sorted: bool,
+    /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
+    event_offset_sum: f64,
     // prefix sums over groups (length G + 1)
     /// (Σ_{h<g} r_h, Σ_{h<g} q_h) interleaved, so the walk loads one cache line per position.
     prq: Vec<[f64; 2]>,
@@ -391,6 +401,11 @@ impl RiskSetModel {
             diff_f: vec![0.0; n_groups + 1],
             diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             dirty: true,
+            simple: !fg && !counting && !any_efron,
+            unit_groups: false,
+            pending: Vec::new(),
+            pending_sorted: true,
+            event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
             prg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             pqg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
@@ -399,6 +414,8 @@ impl RiskSetModel {
             ev: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
             ez: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
         };
+        m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
+        m.event_offset_sum = (0..n).filter(|&k| m.event[k]).map(|k| m.w[k] * m.offset[k]).sum();
         let beta = vec![0.0; p];
         m.set_beta(&beta);
         Ok(m)
@@ -475,6 +492,8 @@ impl RiskSetModel {
         self.e0.fill(0.0);
         self.diff_f.fill(0.0);
         self.diff_b.fill(0.0);
+        self.pending.clear();
+        self.pending_sorted = true;
         for k in 0..self.eta.len() {
             let we = self.w[k] * self.eta[k].exp();
             self.info[k].we = we;
@@ -486,6 +505,19 @@ impl RiskSetModel {
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
     /// their prefix sums. O(G).
     fn refresh(&mut self) {
+        if !self.pending.is_empty() {
+            if !self.pending_sorted {
+                // Stable: equal positions keep their (deterministic) queue order.
+                self.pending.sort_by_key(|e| e.0);
+                self.pending_sorted = true;
+            }
+            if self.unit_groups {
+                self.refresh_pending::<true>();
+            } else {
+                self.refresh_pending::<false>();
+            }
+            self.pending.clear();
+        }
         if !self.dirty {
             return;
         }
@@ -568,6 +600,48 @@ impl RiskSetModel {
         }
     }
 
+    /// The simple path's refresh: merge the sorted queue of changes into F (= S0) and rebuild
+    /// r, q and their prefix sums in one pass.
+    fn refresh_pending<const UNIT: bool>(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let (mut r_acc, mut q_acc) = (0.0, 0.0);
+        let mut pi = 0usize;
+        for si in 0..self.active_strata.len() {
+            let s = self.active_strata[si] as usize;
+            let (a, b) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let mut run = 0.0;
+            let mut g = a;
+            while g < b {
+                while pi < pending.len() && pending[pi].0 as usize <= g {
+                    run += pending[pi].1;
+                    pi += 1;
+                }
+                let next = if pi < pending.len() { (pending[pi].0 as usize).min(b) } else { b };
+                let f_sum = &mut self.f_sum[g..next];
+                let weight = &self.g_weight[g..next];
+                let prq = &mut self.prq[g + 1..next + 1];
+                for ((f, &wg), out) in f_sum.iter_mut().zip(weight).zip(prq.iter_mut()) {
+                    let s0 = *f + run;
+                    *f = s0;
+                    let inv = 1.0 / s0;
+                    let (r, q) = if UNIT {
+                        (inv, inv * inv)
+                    } else if wg != 0.0 {
+                        let r = wg * inv;
+                        (r, r * inv)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    r_acc += r;
+                    q_acc += q;
+                    *out = [r_acc, q_acc];
+                }
+                g = next;
+            }
+        }
+        self.pending = pending;
+    }
+
     /// S0 of group `g` at the current state.
     #[inline]
     fn s0(&self, g: usize) -> f64 {
@@ -581,10 +655,10 @@ impl RiskSetModel {
     /// Log partial likelihood at the current state.
     pub fn log_likelihood(&mut self) -> f64 {
         self.refresh();
-        let mut ll = 0.0;
-        for k in 0..self.eta.len() {
-            if self.event[k] {
-                ll += self.w[k] * self.eta[k];
+        let mut ll = self.event_offset_sum;
+        for (col, &b) in self.cols.iter().zip(&self.beta) {
+            if b != 0.0 {
+                ll += b * col.event_sum;
             }
         }
         for g in 0..self.g_weight.len() {
@@ -614,36 +688,34 @@ impl RiskSetModel {
         self.beta[j] += delta;
         // Temporarily take the column out to avoid borrowing self twice.
         let col = std::mem::take(&mut self.cols[j]);
-        if col.vals.is_empty() {
-            // 0/1 column: e changes by the same factor on every row (one exp per update; the
-            // rounding drift is removed by the from-scratch `set_beta` of every cycle).
-            let factor = delta.exp();
-            let simple = !self.counting && !self.fg && !self.any_efron;
-            for &k in &col.rows {
-                let k = k as usize;
-                self.eta[k] += delta;
-                let old = self.info[k].we;
-                let we = old * factor;
-                self.info[k].we = we;
-                if simple {
-                    // Cox rows kept in a column always enter some risk set (pos < stratum end).
-                    self.diff_f[self.info[k].pos as usize] += we - old;
-                } else {
-                    self.scatter(k, we - old);
-                }
+        // η is not kept between cycles (set_beta recomputes it); w e changes by exp(Δ x).
+        if self.simple {
+            self.pending_sorted &= self.pending.last().is_none_or(|&(p, _)| col.rows.first().is_none_or(|&k| self.info[k as usize].pos >= p));
+            self.pending.reserve(col.rows.len());
+        }
+        let factor = delta.exp();
+        for (i, &k) in col.rows.iter().enumerate() {
+            if i + UPDATE_AHEAD < col.rows.len() {
+                prefetch(self.info.as_ptr().wrapping_add(col.rows[i + UPDATE_AHEAD] as usize));
             }
-        } else {
-            for (i, &k) in col.rows.iter().enumerate() {
-                let k = k as usize;
-                self.eta[k] += delta * col.value(i);
-                let we = self.w[k] * self.eta[k].exp();
-                let change = we - self.info[k].we;
-                self.info[k].we = we;
-                self.scatter(k, change);
+            let k = k as usize;
+            let f = if col.vals.is_empty() { factor } else { (delta * col.vals[i]).exp() };
+            let old = self.info[k].we;
+            let we = old * f;
+            self.info[k].we = we;
+            if self.simple {
+                // Cox rows kept in a column always enter some risk set (pos < stratum end).
+                self.pending.push((self.info[k].pos, we - old));
+            } else {
+                self.scatter(k, we - old);
             }
         }
+        if self.simple {
+            // Positions within one column are nondecreasing.
+        } else {
+            self.dirty = true;
+        }
         self.cols[j] = col;
-        self.dirty = true;
     }
 
     /// (∂LL/∂β_j, −∂²LL/∂β_j²) at the current state.
@@ -1102,6 +1174,8 @@ fn prefetch<T>(p: *const T) {
 
 /// How far ahead the walk prefetches row data and prefix sums (entries).
 const INFO_AHEAD: usize = 48;
+/// Prefetch distance of `update`.
+const UPDATE_AHEAD: usize = 32;
 /// See [`INFO_AHEAD`].
 const PREFIX_AHEAD: usize = 24;
 
