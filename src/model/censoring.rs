@@ -96,7 +96,7 @@ mod tests {
     fn fdata_weights_match_survival() {
         let time: Vec<f64> = FDATA.iter().map(|r| r.0).collect();
         let y: Vec<f64> = FDATA.iter().map(|r| r.1).collect();
-        let g = censoring_weights(&time, &y, &vec![0; 14]);
+        let g = censoring_weights(&time, &y, &[0; 14]);
         for (i, &t) in time.iter().enumerate() {
             assert!((g[i] - expected_g_minus(t)).abs() < 1e-15, "row {i}: {} vs {}", g[i], expected_g_minus(t));
         }
@@ -105,7 +105,7 @@ mod tests {
         let mut rev_y = y.clone();
         rev_t.reverse();
         rev_y.reverse();
-        let mut g2 = censoring_weights(&rev_t, &rev_y, &vec![0; 14]);
+        let mut g2 = censoring_weights(&rev_t, &rev_y, &[0; 14]);
         g2.reverse();
         assert_eq!(g, g2);
     }

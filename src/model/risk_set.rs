@@ -107,6 +107,8 @@ pub struct RiskSetModel {
     any_efron: bool,
     /// Minimum entries per chunk of the walk ([`MIN_CHUNK`]).
     min_chunk: usize,
+    /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
+    par_min_groups: usize,
     // ---- columns ----
     cols: Vec<SortedColumn>,
     // ---- state ----
@@ -261,8 +263,8 @@ impl RiskSetModel {
                     k += 1;
                 }
                 let pos = g_time.len() as u32;
-                for ki in block..k {
-                    info[ki] = RowInfo { we: 0.0, pos, stratum: s as u32 };
+                for row in &mut info[block..k] {
+                    *row = RowInfo { we: 0.0, pos, stratum: s as u32 };
                 }
                 if count > 0 {
                     g_time.push(t);
@@ -279,10 +281,6 @@ impl RiskSetModel {
             return Err(Error::Empty(format!("{name}: no events (y = 1) in the data")));
         }
         // Rows whose time is below every event time of their stratum got pos = stratum end.
-        for ki in 0..n {
-            let s = info[ki].stratum as usize;
-            info[ki].pos = info[ki].pos.min(s_end[s]);
-        }
         let active_strata: Vec<u32> = (0..n_strata as u32).filter(|&s| s_start[s as usize] < s_end[s as usize]).collect();
 
         // Counting-process exits.
@@ -393,6 +391,7 @@ impl RiskSetModel {
             efron_group,
             any_efron,
             min_chunk: MIN_CHUNK,
+            par_min_groups: PAR_MIN_GROUPS,
             cols,
             beta: vec![0.0; p],
             f_sum: vec![0.0; n_groups],
@@ -425,6 +424,7 @@ impl RiskSetModel {
     #[cfg(test)]
     pub(crate) fn set_min_chunk(&mut self, entries: usize) {
         self.min_chunk = entries;
+        self.par_min_groups = entries.saturating_mul(4);
     }
 
     /// Which likelihood this is.
@@ -601,43 +601,70 @@ impl RiskSetModel {
     }
 
     /// The simple path's refresh: merge the sorted queue of changes into F (= S0) and rebuild
-    /// r, q and their prefix sums in one pass.
+    /// r, q and their prefix sums. The groups are split into a fixed number of chunks (a
+    /// function of G only, so results never depend on the thread count); each chunk builds
+    /// local prefix sums, and a second pass adds the chunk offsets.
     fn refresh_pending<const UNIT: bool>(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        let (mut r_acc, mut q_acc) = (0.0, 0.0);
-        let mut pi = 0usize;
-        for si in 0..self.active_strata.len() {
-            let s = self.active_strata[si] as usize;
-            let (a, b) = (self.s_start[s] as usize, self.s_end[s] as usize);
-            let mut run = 0.0;
-            let mut g = a;
-            while g < b {
-                while pi < pending.len() && pending[pi].0 as usize <= g {
-                    run += pending[pi].1;
-                    pi += 1;
-                }
-                let next = if pi < pending.len() { (pending[pi].0 as usize).min(b) } else { b };
-                let f_sum = &mut self.f_sum[g..next];
-                let weight = &self.g_weight[g..next];
-                let prq = &mut self.prq[g + 1..next + 1];
-                for ((f, &wg), out) in f_sum.iter_mut().zip(weight).zip(prq.iter_mut()) {
-                    let s0 = *f + run;
-                    *f = s0;
-                    let inv = 1.0 / s0;
-                    let (r, q) = if UNIT {
-                        (inv, inv * inv)
-                    } else if wg != 0.0 {
-                        let r = wg * inv;
-                        (r, r * inv)
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    r_acc += r;
-                    q_acc += q;
-                    *out = [r_acc, q_acc];
-                }
-                g = next;
+        let n_groups = self.g_weight.len();
+        let n_chunks = if n_groups >= self.par_min_groups { REFRESH_CHUNKS } else { 1 };
+        let bounds: Vec<usize> = (0..=n_chunks).map(|c| c * n_groups / n_chunks).collect();
+        let starts: Vec<u32> = self.active_strata.iter().map(|&s| self.s_start[s as usize]).collect();
+        // Per chunk: its slice of the queue, of the stratum starts, and the carried-in change.
+        let mut jobs = Vec::with_capacity(n_chunks);
+        {
+            let mut f_rest = &mut self.f_sum[..];
+            let mut out_rest = &mut self.prq[1..];
+            for c in 0..n_chunks {
+                let (c0, c1) = (bounds[c], bounds[c + 1]);
+                let (f, fr) = f_rest.split_at_mut(c1 - c0);
+                let (o, or) = out_rest.split_at_mut(c1 - c0);
+                f_rest = fr;
+                out_rest = or;
+                let p0 = pending.partition_point(|e| (e.0 as usize) < c0);
+                let p1 = pending.partition_point(|e| (e.0 as usize) < c1);
+                // The stratum containing c0 starts at the last start ≤ c0.
+                let own = starts.partition_point(|&st| st as usize <= c0);
+                let stratum_start = if own > 0 { starts[own - 1] as usize } else { 0 };
+                let q0 = pending.partition_point(|e| (e.0 as usize) < stratum_start);
+                let carry: f64 = pending[q0..p0].iter().map(|e| e.1).sum();
+                let s0 = starts.partition_point(|&st| st as usize <= c0);
+                let s1 = starts.partition_point(|&st| (st as usize) < c1).max(s0);
+                jobs.push((c0, f, o, &pending[p0..p1], &starts[s0..s1], carry));
             }
+        }
+        let weight = &self.g_weight[..];
+        let run_chunk = |(c0, f, o, queue, starts, carry): (usize, &mut [f64], &mut [[f64; 2]], &[(u32, f64)], &[u32], f64)| {
+            refresh_chunk::<UNIT>(c0, f, o, &weight[c0..c0 + f.len()], queue, starts, carry)
+        };
+        let totals: Vec<(f64, f64)> = if n_chunks == 1 {
+            jobs.into_iter().map(run_chunk).collect()
+        } else {
+            use rayon::prelude::*;
+            jobs.into_par_iter().map(run_chunk).collect()
+        };
+        if n_chunks > 1 {
+            let mut offsets = Vec::with_capacity(n_chunks);
+            let (mut r_off, mut q_off) = (0.0, 0.0);
+            for &(r, q) in &totals {
+                offsets.push((r_off, q_off));
+                r_off += r;
+                q_off += q;
+            }
+            use rayon::prelude::*;
+            let mut slices = Vec::with_capacity(n_chunks);
+            let mut out_rest = &mut self.prq[1..];
+            for c in 0..n_chunks {
+                let (o, or) = out_rest.split_at_mut(bounds[c + 1] - bounds[c]);
+                out_rest = or;
+                slices.push((o, offsets[c]));
+            }
+            slices.into_par_iter().skip(1).for_each(|(o, (r_off, q_off))| {
+                for v in o.iter_mut() {
+                    v[0] += r_off;
+                    v[1] += q_off;
+                }
+            });
         }
         self.pending = pending;
     }
@@ -1160,6 +1187,62 @@ impl RiskSetModel {
     }
 }
 
+/// One chunk of [`RiskSetModel::refresh_pending`]: groups `c0 .. c0 + f.len()`, the queued
+/// changes inside it (sorted), the stratum starts inside it (where the running change resets)
+/// and the change carried in from the chunk's stratum before `c0`. Returns (Σ r, Σ q).
+fn refresh_chunk<const UNIT: bool>(
+    c0: usize,
+    f: &mut [f64],
+    out: &mut [[f64; 2]],
+    weight: &[f64],
+    queue: &[(u32, f64)],
+    starts: &[u32],
+    carry: f64,
+) -> (f64, f64) {
+    let c1 = c0 + f.len();
+    let (mut r_acc, mut q_acc) = (0.0, 0.0);
+    let (mut pi, mut si) = (0usize, 0usize);
+    let mut run = carry;
+    let mut g = c0;
+    while g < c1 {
+        if si < starts.len() && starts[si] as usize == g {
+            run = 0.0;
+            si += 1;
+        }
+        while pi < queue.len() && queue[pi].0 as usize <= g {
+            run += queue[pi].1;
+            pi += 1;
+        }
+        let mut next = c1;
+        if pi < queue.len() {
+            next = next.min(queue[pi].0 as usize);
+        }
+        if si < starts.len() {
+            next = next.min(starts[si] as usize);
+        }
+        let next = next.max(g + 1);
+        let (lo, hi) = (g - c0, next - c0);
+        for ((fv, &wg), o) in f[lo..hi].iter_mut().zip(&weight[lo..hi]).zip(out[lo..hi].iter_mut()) {
+            let s0 = *fv + run;
+            *fv = s0;
+            let inv = 1.0 / s0;
+            let (r, q) = if UNIT {
+                (inv, inv * inv)
+            } else if wg != 0.0 {
+                let r = wg * inv;
+                (r, r * inv)
+            } else {
+                (0.0, 0.0)
+            };
+            r_acc += r;
+            q_acc += q;
+            *o = [r_acc, q_acc];
+        }
+        g = next;
+    }
+    (r_acc, q_acc)
+}
+
 /// Ask the CPU to fetch the cache line holding `p` (no effect on other architectures).
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
@@ -1174,6 +1257,10 @@ fn prefetch<T>(p: *const T) {
 
 /// How far ahead the walk prefetches row data and prefix sums (entries).
 const INFO_AHEAD: usize = 48;
+/// Groups from which the simple path's refresh is split into chunks.
+const PAR_MIN_GROUPS: usize = 1 << 15;
+/// Chunks of that refresh (fixed, so the split never depends on the thread count).
+const REFRESH_CHUNKS: usize = 8;
 /// Prefetch distance of `update`.
 const UPDATE_AHEAD: usize = 32;
 /// See [`INFO_AHEAD`].
