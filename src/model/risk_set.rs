@@ -20,10 +20,22 @@
 //! order) and add S1 × (prefix difference) per segment. Efron's tied groups add per-group
 //! coefficients (u, v, z below) used at the groups where column j has events.
 //!
-//! After an update the change of w e of the updated rows is scattered into difference arrays
-//! and applied lazily (one O(G) pass that also rebuilds the prefix sums) before the next
-//! gradient. `set_beta` recomputes everything from scratch. All sums run in a fixed order, so
-//! results do not depend on the input order or on the number of threads.
+//! After an update the change of w e of the updated rows (multiplied by exp(Δ·x); η itself is
+//! only rebuilt by `set_beta`) is queued and applied lazily before the next gradient, in one
+//! O(G) pass that also rebuilds the prefix sums: on the common path (Cox, Breslow, no
+//! (start, stop] rows) as a sorted queue of (position, change) merged into the pass, otherwise
+//! through dense difference arrays. Coordinates that are not updated (most of them under a
+//! Laplace prior) cost O(nnz_j) only. `set_beta` recomputes everything from scratch.
+//!
+//! # Determinism and threads
+//!
+//! Rows are ordered by (stratum id, time, row id), never by input position, and every sum runs
+//! in a fixed order. The coordinate walk is split into a fixed number of chunks that depends
+//! only on nnz_j (each chunk's runs are computed with a and b starting at 0 and the true
+//! starting values are added when the chunks are combined, in order), and the refresh pass
+//! into a fixed number of group chunks that depends only on G. Rayon runs the chunks in
+//! parallel; the split, and therefore every bit of the result, is the same for any number of
+//! threads.
 
 use super::design::{ColumnFormat, DesignMatrix};
 use super::Ties;
@@ -78,6 +90,7 @@ pub struct RiskSetModel {
     counting: bool,
     // ---- per sorted row ----
     w: Vec<f64>,
+    /// Scratch for `set_beta` (η is not maintained by `update`).
     eta: Vec<f64>,
     info: Vec<RowInfo>,
     /// Exit position (counting process; stratum end when none). Empty without start times.
@@ -85,7 +98,7 @@ pub struct RiskSetModel {
     event: Vec<bool>,
     /// 1/G(T_k−) for competing rows, 0 otherwise (Fine–Gray only).
     inv_g: Vec<f64>,
-    /// Constant part of the offset contribution: Σ_events w·offset is folded into `eta`.
+    /// Offset per sorted row.
     offset: Vec<f64>,
     // ---- strata ----
     /// Group range of each stratum.
