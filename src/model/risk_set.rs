@@ -145,9 +145,8 @@ pub struct RiskSetModel {
     // prefix sums over groups (length G + 1)
     /// (Σ_{h<g} r_h, Σ_{h<g} q_h) interleaved, so the walk loads one cache line per position.
     prq: Vec<[f64; 2]>,
-    prg: Vec<f64>,
-    pqg: Vec<f64>,
-    pqgg: Vec<f64>,
+    /// Fine–Gray: prefix sums of (r G, q G, q G²), interleaved.
+    pg: Vec<[f64; 3]>,
     // Efron per-group coefficients (zero for untied groups)
     eu: Vec<f64>,
     ev: Vec<f64>,
@@ -419,9 +418,7 @@ impl RiskSetModel {
             pending_sorted: true,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
-            prg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
-            pqg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
-            pqgg: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            pg: if fg { vec![[0.0; 3]; n_groups + 1] } else { Vec::new() },
             eu: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
             ev: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
             ez: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
@@ -605,9 +602,7 @@ impl RiskSetModel {
                     rg_acc += r * gc;
                     qg_acc += q * gc;
                     qgg_acc += q * gc * gc;
-                    self.prg[g + 1] = rg_acc;
-                    self.pqg[g + 1] = qg_acc;
-                    self.pqgg[g + 1] = qgg_acc;
+                    self.pg[g + 1] = [rg_acc, qg_acc, qgg_acc];
                 }
             }
         }
@@ -1028,8 +1023,8 @@ impl RiskSetModel {
             piece.quad += 2.0 * a * p.cross_q + a * a * dq;
             piece.hcorr += 2.0 * a * p.ve1;
             if self.fg {
-                let drg = self.prg[e] - self.prg[s];
-                let (dqg, dqgg) = (self.pqg[e] - self.pqg[s], self.pqgg[e] - self.pqgg[s]);
+                let drg = self.pg[e][0] - self.pg[s][0];
+                let (dqg, dqgg) = (self.pg[e][1] - self.pg[s][1], self.pg[e][2] - self.pg[s][2]);
                 piece.lin += b * drg;
                 piece.lin2 += b2 * drg;
                 piece.quad += 2.0 * b * p.cross_qg + 2.0 * a * b * dqg + b * b * dqgg;
@@ -1054,7 +1049,7 @@ impl RiskSetModel {
         let (dr, dq) = (r1 - run.r0, q1 - run.q0);
         let (a, a2) = (run.a, run.a2);
         if FG {
-            let (rg1, qg1, qgg1) = (self.prg[p], self.pqg[p], self.pqgg[p]);
+            let [rg1, qg1, qgg1] = self.pg[p];
             let (drg, dqg, dqgg) = (rg1 - run.rg0, qg1 - run.qg0, qgg1 - run.qgg0);
             let b = run.b;
             run.acc.lin += a * dr + b * drg;
@@ -1363,9 +1358,9 @@ impl Run {
             p0: p,
             r0: m.prq[i][0],
             q0: m.prq[i][1],
-            rg0: if m.fg { m.prg[i] } else { 0.0 },
-            qg0: if m.fg { m.pqg[i] } else { 0.0 },
-            qgg0: if m.fg { m.pqgg[i] } else { 0.0 },
+            rg0: if m.fg { m.pg[i][0] } else { 0.0 },
+            qg0: if m.fg { m.pg[i][1] } else { 0.0 },
+            qgg0: if m.fg { m.pg[i][2] } else { 0.0 },
             ..Default::default()
         }
     }
