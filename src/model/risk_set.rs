@@ -139,7 +139,12 @@ pub struct RiskSetModel {
     unit_groups: bool,
     /// Queued (position, change of w e) of the simple path, sorted by position when `pending_sorted`.
     pending: Vec<(u32, f64)>,
+    /// Fine–Gray: queued (position, change of B) and per-stratum change of B at the start.
+    pending_b: Vec<(u32, f64)>,
+    b_start: Vec<f64>,
     pending_sorted: bool,
+    /// Something is queued.
+    queued: bool,
     /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
     event_offset_sum: f64,
     // prefix sums over groups (length G + 1)
@@ -412,10 +417,13 @@ impl RiskSetModel {
             diff_f: vec![0.0; n_groups + 1],
             diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
             dirty: true,
-            simple: !fg && !counting && !any_efron,
+            simple: !counting && !any_efron,
             unit_groups: false,
             pending: Vec::new(),
+            pending_b: Vec::new(),
+            b_start: if fg { vec![0.0; n_strata] } else { Vec::new() },
             pending_sorted: true,
+            queued: false,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
             pg: if fg { vec![[0.0; 3]; n_groups + 1] } else { Vec::new() },
@@ -503,6 +511,9 @@ impl RiskSetModel {
         self.diff_f.fill(0.0);
         self.diff_b.fill(0.0);
         self.pending.clear();
+        self.pending_b.clear();
+        self.b_start.fill(0.0);
+        self.queued = false;
         self.pending_sorted = true;
         for k in 0..self.eta.len() {
             let we = self.w[k] * self.eta[k].exp();
@@ -515,18 +526,23 @@ impl RiskSetModel {
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
     /// their prefix sums. O(G).
     fn refresh(&mut self) {
-        if !self.pending.is_empty() {
+        if self.queued {
             if !self.pending_sorted {
                 // Stable: equal positions keep their (deterministic) queue order.
                 self.pending.sort_by_key(|e| e.0);
+                self.pending_b.sort_by_key(|e| e.0);
                 self.pending_sorted = true;
             }
-            if self.unit_groups {
-                self.refresh_pending::<true>();
-            } else {
-                self.refresh_pending::<false>();
+            match (self.unit_groups, self.fg) {
+                (true, false) => self.refresh_pending::<true, false>(),
+                (false, false) => self.refresh_pending::<false, false>(),
+                (true, true) => self.refresh_pending::<true, true>(),
+                (false, true) => self.refresh_pending::<false, true>(),
             }
             self.pending.clear();
+            self.pending_b.clear();
+            self.b_start.fill(0.0);
+            self.queued = false;
         }
         if !self.dirty {
             return;
@@ -608,44 +624,80 @@ impl RiskSetModel {
         }
     }
 
-    /// The simple path's refresh: merge the sorted queue of changes into F (= S0) and rebuild
-    /// r, q and their prefix sums. The groups are split into a fixed number of chunks (a
-    /// function of G only, so results never depend on the thread count); each chunk builds
-    /// local prefix sums, and a second pass adds the chunk offsets.
-    fn refresh_pending<const UNIT: bool>(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
+    /// The queued path's refresh: merge the sorted queues of changes into F (and B for
+    /// Fine–Gray) and rebuild r, q (and r G, q G, q G²) and their prefix sums. The groups are
+    /// split into a fixed number of chunks (a function of G only, so results never depend on
+    /// the thread count); each chunk builds local prefix sums, and a second pass adds the chunk
+    /// offsets.
+    fn refresh_pending<const UNIT: bool, const FG: bool>(&mut self) {
+        let queue_f = std::mem::take(&mut self.pending);
+        let queue_b = std::mem::take(&mut self.pending_b);
         let n_groups = self.g_weight.len();
         let n_chunks = if n_groups >= self.par_min_groups { REFRESH_CHUNKS } else { 1 };
         let bounds: Vec<usize> = (0..=n_chunks).map(|c| c * n_groups / n_chunks).collect();
         let starts: Vec<u32> = self.active_strata.iter().map(|&s| self.s_start[s as usize]).collect();
-        // Per chunk: its slice of the queue, of the stratum starts, and the carried-in change.
+        let starts_b: Vec<f64> = if FG {
+            self.active_strata.iter().map(|&s| self.b_start[s as usize]).collect()
+        } else {
+            vec![0.0; starts.len()]
+        };
+        let sum_between = |q: &[(u32, f64)], lo: usize, hi: usize| -> f64 {
+            let a = q.partition_point(|e| (e.0 as usize) < lo);
+            let b = q.partition_point(|e| (e.0 as usize) < hi);
+            q[a..b.max(a)].iter().map(|e| e.1).sum()
+        };
+        let slice_of = |q: &'_ [(u32, f64)], lo: usize, hi: usize| -> std::ops::Range<usize> {
+            let a = q.partition_point(|e| (e.0 as usize) < lo);
+            let b = q.partition_point(|e| (e.0 as usize) < hi);
+            a..b.max(a)
+        };
         let mut jobs = Vec::with_capacity(n_chunks);
         {
             let mut f_rest = &mut self.f_sum[..];
-            let mut out_rest = &mut self.prq[1..];
+            let mut b_rest = &mut self.b_sum[..];
+            let mut o_rest = &mut self.prq[1..];
+            let mut og_rest: &mut [[f64; 3]] = if FG { &mut self.pg[1..] } else { &mut [] };
             for c in 0..n_chunks {
                 let (c0, c1) = (bounds[c], bounds[c + 1]);
-                let (f, fr) = f_rest.split_at_mut(c1 - c0);
-                let (o, or) = out_rest.split_at_mut(c1 - c0);
+                let len = c1 - c0;
+                let (f, fr) = f_rest.split_at_mut(len);
                 f_rest = fr;
-                out_rest = or;
-                let p0 = pending.partition_point(|e| (e.0 as usize) < c0);
-                let p1 = pending.partition_point(|e| (e.0 as usize) < c1);
+                let (o, or) = o_rest.split_at_mut(len);
+                o_rest = or;
+                let (b, og) = if FG {
+                    let (b, br) = b_rest.split_at_mut(len);
+                    b_rest = br;
+                    let (og, ogr) = og_rest.split_at_mut(len);
+                    og_rest = ogr;
+                    (b, og)
+                } else {
+                    (&mut [][..], &mut [][..])
+                };
                 // The stratum containing c0 starts at the last start ≤ c0.
                 let own = starts.partition_point(|&st| st as usize <= c0);
                 let stratum_start = if own > 0 { starts[own - 1] as usize } else { 0 };
-                let q0 = pending.partition_point(|e| (e.0 as usize) < stratum_start);
-                let carry: f64 = pending[q0..p0].iter().map(|e| e.1).sum();
-                let s0 = starts.partition_point(|&st| st as usize <= c0);
-                let s1 = starts.partition_point(|&st| (st as usize) < c1).max(s0);
-                jobs.push((c0, f, o, &pending[p0..p1], &starts[s0..s1], carry));
+                let carry_f = sum_between(&queue_f, stratum_start, c0);
+                let carry_b = if FG && own > 0 { starts_b[own - 1] + sum_between(&queue_b, stratum_start, c0) } else { 0.0 };
+                let s1 = starts.partition_point(|&st| (st as usize) < c1).max(own);
+                jobs.push(ChunkJob {
+                    c0,
+                    f,
+                    b,
+                    out: o,
+                    out_g: og,
+                    queue_f: &queue_f[slice_of(&queue_f, c0, c1)],
+                    queue_b: &queue_b[slice_of(&queue_b, c0, c1)],
+                    starts: &starts[own..s1],
+                    starts_b: &starts_b[own..s1],
+                    carry_f,
+                    carry_b,
+                });
             }
         }
         let weight = &self.g_weight[..];
-        let run_chunk = |(c0, f, o, queue, starts, carry): (usize, &mut [f64], &mut [[f64; 2]], &[(u32, f64)], &[u32], f64)| {
-            refresh_chunk::<UNIT>(c0, f, o, &weight[c0..c0 + f.len()], queue, starts, carry)
-        };
-        let totals: Vec<(f64, f64)> = if n_chunks == 1 {
+        let g_cens = &self.g_cens[..];
+        let run_chunk = |job: ChunkJob| refresh_chunk::<UNIT, FG>(job, weight, g_cens);
+        let totals: Vec<[f64; 5]> = if n_chunks == 1 {
             jobs.into_iter().map(run_chunk).collect()
         } else {
             use rayon::prelude::*;
@@ -653,28 +705,44 @@ impl RiskSetModel {
         };
         if n_chunks > 1 {
             let mut offsets = Vec::with_capacity(n_chunks);
-            let (mut r_off, mut q_off) = (0.0, 0.0);
-            for &(r, q) in &totals {
-                offsets.push((r_off, q_off));
-                r_off += r;
-                q_off += q;
+            let mut acc = [0.0; 5];
+            for t in &totals {
+                offsets.push(acc);
+                for (a, v) in acc.iter_mut().zip(t) {
+                    *a += v;
+                }
             }
             use rayon::prelude::*;
             let mut slices = Vec::with_capacity(n_chunks);
-            let mut out_rest = &mut self.prq[1..];
+            let mut o_rest = &mut self.prq[1..];
+            let mut og_rest: &mut [[f64; 3]] = if FG { &mut self.pg[1..] } else { &mut [] };
             for c in 0..n_chunks {
-                let (o, or) = out_rest.split_at_mut(bounds[c + 1] - bounds[c]);
-                out_rest = or;
-                slices.push((o, offsets[c]));
+                let len = bounds[c + 1] - bounds[c];
+                let (o, or) = o_rest.split_at_mut(len);
+                o_rest = or;
+                let og = if FG {
+                    let (og, ogr) = og_rest.split_at_mut(len);
+                    og_rest = ogr;
+                    og
+                } else {
+                    &mut [][..]
+                };
+                slices.push((o, og, offsets[c]));
             }
-            slices.into_par_iter().skip(1).for_each(|(o, (r_off, q_off))| {
+            slices.into_par_iter().skip(1).for_each(|(o, og, off)| {
                 for v in o.iter_mut() {
-                    v[0] += r_off;
-                    v[1] += q_off;
+                    v[0] += off[0];
+                    v[1] += off[1];
+                }
+                for v in og.iter_mut() {
+                    v[0] += off[2];
+                    v[1] += off[3];
+                    v[2] += off[4];
                 }
             });
         }
-        self.pending = pending;
+        self.pending = queue_f;
+        self.pending_b = queue_b;
     }
 
     /// S0 of group `g` at the current state.
@@ -725,8 +793,13 @@ impl RiskSetModel {
         let col = std::mem::take(&mut self.cols[j]);
         // η is not kept between cycles (set_beta recomputes it); w e changes by exp(Δ x).
         if self.simple {
-            self.pending_sorted &= self.pending.last().is_none_or(|&(p, _)| col.rows.first().is_none_or(|&k| self.info[k as usize].pos >= p));
+            // Positions within one column are nondecreasing; only a second update before the
+            // next refresh can unsort the queues.
+            let first = col.rows.first().map_or(u32::MAX, |&k| self.info[k as usize].pos);
+            self.pending_sorted &= self.pending.last().is_none_or(|&(p, _)| first >= p);
+            self.pending_sorted &= self.pending_b.last().is_none_or(|&(p, _)| first >= p);
             self.pending.reserve(col.rows.len());
+            self.queued = true;
         }
         let factor = delta.exp();
         for (i, &k) in col.rows.iter().enumerate() {
@@ -739,8 +812,19 @@ impl RiskSetModel {
             let we = old * f;
             self.info[k].we = we;
             if self.simple {
-                // Cox rows kept in a column always enter some risk set (pos < stratum end).
-                self.pending.push((self.info[k].pos, we - old));
+                let RowInfo { pos, stratum, .. } = self.info[k];
+                let inside = pos < self.s_end[stratum as usize];
+                let change = we - old;
+                if inside {
+                    self.pending.push((pos, change));
+                }
+                if self.fg && self.inv_g[k] != 0.0 {
+                    let d = change * self.inv_g[k];
+                    self.b_start[stratum as usize] += d;
+                    if inside {
+                        self.pending_b.push((pos, -d));
+                    }
+                }
             } else {
                 self.scatter(k, we - old);
             }
@@ -1195,45 +1279,74 @@ impl RiskSetModel {
     }
 }
 
-/// One chunk of [`RiskSetModel::refresh_pending`]: groups `c0 .. c0 + f.len()`, the queued
-/// changes inside it (sorted), the stratum starts inside it (where the running change resets)
-/// and the change carried in from the chunk's stratum before `c0`. Returns (Σ r, Σ q).
-fn refresh_chunk<const UNIT: bool>(
+/// One chunk of [`RiskSetModel::refresh_pending`].
+struct ChunkJob<'a> {
+    /// First group of the chunk; the chunk is `c0 .. c0 + f.len()`.
     c0: usize,
-    f: &mut [f64],
-    out: &mut [[f64; 2]],
-    weight: &[f64],
-    queue: &[(u32, f64)],
-    starts: &[u32],
-    carry: f64,
-) -> (f64, f64) {
+    f: &'a mut [f64],
+    /// Fine–Gray backward sums (empty for Cox).
+    b: &'a mut [f64],
+    out: &'a mut [[f64; 2]],
+    out_g: &'a mut [[f64; 3]],
+    /// Queued changes of F and B inside the chunk, sorted by position.
+    queue_f: &'a [(u32, f64)],
+    queue_b: &'a [(u32, f64)],
+    /// Stratum starts inside the chunk (after c0), where the running changes reset (B to
+    /// the stratum's queued start change).
+    starts: &'a [u32],
+    starts_b: &'a [f64],
+    /// Changes carried in from the chunk's stratum before c0.
+    carry_f: f64,
+    carry_b: f64,
+}
+
+/// Run one chunk: returns the chunk's (Σ r, Σ q, Σ r G, Σ q G, Σ q G²).
+fn refresh_chunk<const UNIT: bool, const FG: bool>(job: ChunkJob<'_>, weight: &[f64], g_cens: &[f64]) -> [f64; 5] {
+    let ChunkJob { c0, f, b, out, out_g, queue_f, queue_b, starts, starts_b, carry_f, carry_b } = job;
     let c1 = c0 + f.len();
-    let (mut r_acc, mut q_acc) = (0.0, 0.0);
-    let (mut pi, mut si) = (0usize, 0usize);
-    let mut run = carry;
+    let mut acc = [0.0f64; 5];
+    let (mut fi, mut bi, mut si) = (0usize, 0usize, 0usize);
+    let (mut run_f, mut run_b) = (carry_f, carry_b);
     let mut g = c0;
     while g < c1 {
         if si < starts.len() && starts[si] as usize == g {
-            run = 0.0;
+            run_f = 0.0;
+            run_b = starts_b[si];
             si += 1;
         }
-        while pi < queue.len() && queue[pi].0 as usize <= g {
-            run += queue[pi].1;
-            pi += 1;
+        while fi < queue_f.len() && queue_f[fi].0 as usize <= g {
+            run_f += queue_f[fi].1;
+            fi += 1;
+        }
+        while bi < queue_b.len() && queue_b[bi].0 as usize <= g {
+            run_b += queue_b[bi].1;
+            bi += 1;
         }
         let mut next = c1;
-        if pi < queue.len() {
-            next = next.min(queue[pi].0 as usize);
+        if fi < queue_f.len() {
+            next = next.min(queue_f[fi].0 as usize);
+        }
+        if bi < queue_b.len() {
+            next = next.min(queue_b[bi].0 as usize);
         }
         if si < starts.len() {
             next = next.min(starts[si] as usize);
         }
         let next = next.max(g + 1);
         let (lo, hi) = (g - c0, next - c0);
-        for ((fv, &wg), o) in f[lo..hi].iter_mut().zip(&weight[lo..hi]).zip(out[lo..hi].iter_mut()) {
-            let s0 = *fv + run;
-            *fv = s0;
+        for i in lo..hi {
+            let s0_f = f[i] + run_f;
+            f[i] = s0_f;
+            let gc = if FG { g_cens[c0 + i] } else { 1.0 };
+            let s0 = if FG {
+                let bv = b[i] + run_b;
+                b[i] = bv;
+                s0_f + gc * bv
+            } else {
+                s0_f
+            };
             let inv = 1.0 / s0;
+            let wg = weight[c0 + i];
             let (r, q) = if UNIT {
                 (inv, inv * inv)
             } else if wg != 0.0 {
@@ -1242,13 +1355,19 @@ fn refresh_chunk<const UNIT: bool>(
             } else {
                 (0.0, 0.0)
             };
-            r_acc += r;
-            q_acc += q;
-            *o = [r_acc, q_acc];
+            acc[0] += r;
+            acc[1] += q;
+            out[i] = [acc[0], acc[1]];
+            if FG {
+                acc[2] += r * gc;
+                acc[3] += q * gc;
+                acc[4] += q * gc * gc;
+                out_g[i] = [acc[2], acc[3], acc[4]];
+            }
         }
         g = next;
     }
-    (r_acc, q_acc)
+    acc
 }
 
 /// Ask the CPU to fetch the cache line holding `p` (no effect on other architectures).
