@@ -56,7 +56,9 @@ fn rows(time: Vec<f64>, y: Vec<f64>, row_id: Vec<i64>) -> Rows {
 fn generate(n: usize, fg: bool) -> DesignMatrix {
     let p = 1000;
     let mut rng = Rng(0x1234_5678_9abc_def1);
-    let beta: Vec<f64> = (0..p).map(|_| if rng.unif() < 0.2 { rng.normal() } else { 0.0 }).collect();
+    let beta: Vec<f64> = (0..p)
+        .map(|_| if rng.unif() < 0.2 { rng.normal() } else { 0.0 })
+        .collect();
     let mut eta = vec![0.0; n];
     let mut columns = Vec::with_capacity(p);
     let log_q = (1.0f64 - 0.05).ln();
@@ -68,7 +70,13 @@ fn generate(n: usize, fg: bool) -> DesignMatrix {
             eta[i] += b;
             i += 1 + (rng.unif().ln() / log_q) as usize;
         }
-        columns.push(Column { id: j as i64, name: None, format: ColumnFormat::Indicator, rows: rows_j, values: Vec::new() });
+        columns.push(Column {
+            id: j as i64,
+            name: None,
+            format: ColumnFormat::Indicator,
+            rows: rows_j,
+            values: Vec::new(),
+        });
     }
     let mut time = Vec::with_capacity(n);
     let mut y = Vec::with_capacity(n);
@@ -84,17 +92,26 @@ fn generate(n: usize, fg: bool) -> DesignMatrix {
             y.push(0.0);
         }
     }
-    DesignMatrix { rows: rows(time, y, (0..n as i64).collect()), columns, dropped_unknown: 0 }
+    DesignMatrix {
+        rows: rows(time, y, (0..n as i64).collect()),
+        columns,
+        dropped_unknown: 0,
+    }
 }
 
 fn read_columns(path: &str, names: &[&str]) -> Vec<Vec<f64>> {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
     let mut out = vec![Vec::new(); names.len()];
     for batch in reader {
         let batch = batch.unwrap();
         for (k, name) in names.iter().enumerate() {
-            let col = batch.column_by_name(name).unwrap_or_else(|| panic!("{path}: no column {name}"));
+            let col = batch
+                .column_by_name(name)
+                .unwrap_or_else(|| panic!("{path}: no column {name}"));
             let col = arrow::compute::cast(col, &DataType::Float64).unwrap();
             let col = col.as_any().downcast_ref::<Float64Array>().unwrap();
             out[k].extend((0..col.len()).map(|i| col.value(i)));
@@ -106,11 +123,21 @@ fn read_columns(path: &str, names: &[&str]) -> Vec<Vec<f64>> {
 fn load(dir: &str, fg: bool) -> DesignMatrix {
     let outcomes = format!("{dir}/outcomes_{}.parquet", if fg { "fgr" } else { "cox" });
     let o = read_columns(&outcomes, &["rowId", "time", "y"]);
-    let index: HashMap<i64, u32> = o[0].iter().enumerate().map(|(i, &r)| (r as i64, i as u32)).collect();
-    let c = read_columns(&format!("{dir}/covariates.parquet"), &["rowId", "covariateId"]);
+    let index: HashMap<i64, u32> = o[0]
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| (r as i64, i as u32))
+        .collect();
+    let c = read_columns(
+        &format!("{dir}/covariates.parquet"),
+        &["rowId", "covariateId"],
+    );
     let mut by_cov: HashMap<i64, Vec<u32>> = HashMap::new();
     for (&r, &cov) in c[0].iter().zip(&c[1]) {
-        by_cov.entry(cov as i64).or_default().push(index[&(r as i64)]);
+        by_cov
+            .entry(cov as i64)
+            .or_default()
+            .push(index[&(r as i64)]);
     }
     let mut ids: Vec<i64> = by_cov.keys().copied().collect();
     ids.sort_unstable();
@@ -119,11 +146,21 @@ fn load(dir: &str, fg: bool) -> DesignMatrix {
         .map(|id| {
             let mut rows = by_cov.remove(&id).unwrap();
             rows.sort_unstable();
-            Column { id, name: None, format: ColumnFormat::Indicator, rows, values: Vec::new() }
+            Column {
+                id,
+                name: None,
+                format: ColumnFormat::Indicator,
+                rows,
+                values: Vec::new(),
+            }
         })
         .collect();
     let row_id = o[0].iter().map(|&r| r as i64).collect();
-    DesignMatrix { rows: rows(o[1].clone(), o[2].clone(), row_id), columns, dropped_unknown: 0 }
+    DesignMatrix {
+        rows: rows(o[1].clone(), o[2].clone(), row_id),
+        columns,
+        dropped_unknown: 0,
+    }
 }
 
 fn main() {
@@ -131,7 +168,11 @@ fn main() {
     let fg = args.get(1).map(String::as_str) == Some("fg");
     let source = args.get(2).cloned().unwrap_or_else(|| "100000".into());
     let threads: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let ties = if args.get(4).map(String::as_str) == Some("efron") { Ties::Efron } else { Ties::Breslow };
+    let ties = if args.get(4).map(String::as_str) == Some("efron") {
+        Ties::Efron
+    } else {
+        Ties::Breslow
+    };
     let tolerance: f64 = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1e-6);
     let t0 = Instant::now();
     let x = match source.parse::<usize>() {
@@ -146,7 +187,10 @@ fn main() {
         x.nnz(),
         t0.elapsed().as_secs_f64()
     );
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     pool.install(|| {
         let t1 = Instant::now();
         let mut lik: Box<dyn Likelihood> =
@@ -172,7 +216,9 @@ fn main() {
 
 /// User + system CPU seconds of this process (Linux `/proc/self/stat`), 0 elsewhere.
 fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
     let after = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);

@@ -88,8 +88,18 @@ mod tests {
 
     fn expected_g_minus(t: f64) -> f64 {
         // G drops after 3, 4, 6, 8, 9: cumprod(1, 11/12, 8/10, 5/6, 3/4, 2/3).
-        let steps = [(3.0, 11.0 / 12.0), (4.0, 0.8), (6.0, 5.0 / 6.0), (8.0, 0.75), (9.0, 2.0 / 3.0)];
-        steps.iter().filter(|(u, _)| *u < t).map(|(_, f)| f).product()
+        let steps = [
+            (3.0, 11.0 / 12.0),
+            (4.0, 0.8),
+            (6.0, 5.0 / 6.0),
+            (8.0, 0.75),
+            (9.0, 2.0 / 3.0),
+        ];
+        steps
+            .iter()
+            .filter(|(u, _)| *u < t)
+            .map(|(_, f)| f)
+            .product()
     }
 
     #[test]
@@ -98,7 +108,12 @@ mod tests {
         let y: Vec<f64> = FDATA.iter().map(|r| r.1).collect();
         let g = censoring_weights(&time, &y, &[0; 14]);
         for (i, &t) in time.iter().enumerate() {
-            assert!((g[i] - expected_g_minus(t)).abs() < 1e-15, "row {i}: {} vs {}", g[i], expected_g_minus(t));
+            assert!(
+                (g[i] - expected_g_minus(t)).abs() < 1e-15,
+                "row {i}: {} vs {}",
+                g[i],
+                expected_g_minus(t)
+            );
         }
         // Order invariance.
         let mut rev_t = time.clone();
@@ -112,8 +127,16 @@ mod tests {
 
     #[test]
     fn strata_are_separate() {
-        let time: Vec<f64> = FDATA.iter().map(|r| r.0).chain(FDATA.iter().map(|r| r.0 * 2.0)).collect();
-        let y: Vec<f64> = FDATA.iter().map(|r| r.1).chain(FDATA.iter().map(|r| r.1)).collect();
+        let time: Vec<f64> = FDATA
+            .iter()
+            .map(|r| r.0)
+            .chain(FDATA.iter().map(|r| r.0 * 2.0))
+            .collect();
+        let y: Vec<f64> = FDATA
+            .iter()
+            .map(|r| r.1)
+            .chain(FDATA.iter().map(|r| r.1))
+            .collect();
         let s: Vec<u32> = (0..28).map(|i| u32::from(i >= 14)).collect();
         let g = censoring_weights(&time, &y, &s);
         for i in 0..14 {

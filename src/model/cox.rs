@@ -80,16 +80,27 @@ mod tests {
     use crate::model::risk_set::test_support::{build, exercise, random_records, Spec};
 
     fn spec(strata: u64, weights: bool, counting: bool) -> Spec {
-        Spec { n: 60, p: 4, strata, weights, counting, fine_gray: false, offset: true }
+        Spec {
+            n: 60,
+            p: 4,
+            strata,
+            weights,
+            counting,
+            fine_gray: false,
+            offset: true,
+        }
     }
 
     #[test]
     fn matches_brute_force_breslow_and_efron() {
         let mut seed = 1;
         for ties in [Ties::Breslow, Ties::Efron] {
-            for (strata, weights, counting) in
-                [(1, false, false), (3, true, false), (1, false, true), (4, true, true)]
-            {
+            for (strata, weights, counting) in [
+                (1, false, false),
+                (3, true, false),
+                (1, false, true),
+                (4, true, true),
+            ] {
                 seed += 1;
                 let (recs, covs) = random_records(spec(strata, weights, counting), seed);
                 let x = build(&recs, &covs);
@@ -108,7 +119,12 @@ mod tests {
         let xv = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0];
         let mut b = DesignBuilder::new();
         for i in 0..6 {
-            b.push_outcome(OutcomeRecord { row_id: i as i64, time: Some(time[i]), y: status[i], ..Default::default() });
+            b.push_outcome(OutcomeRecord {
+                row_id: i as i64,
+                time: Some(time[i]),
+                y: status[i],
+                ..Default::default()
+            });
             b.push_covariate(i as i64, 1, xv[i]);
         }
         b.build().unwrap()
@@ -124,11 +140,33 @@ mod tests {
             (Ties::Efron, 1.676857, -3.358975, -4.276666),
         ] {
             let mut cox = Cox::new(&x, ties).unwrap();
-            assert!((cox.log_likelihood() - ll0).abs() < 1e-6, "{ties:?} LL(0) {}", cox.log_likelihood());
-            let opts = CcdOptions { tolerance: 1e-12, ..Default::default() };
-            let r = fit(&mut cox, &PriorSet::new(Prior::None, &[false]), &[0.0], None, &opts).unwrap();
-            assert!((r.beta[0] - bhat).abs() < 1e-5, "{ties:?} beta {}", r.beta[0]);
-            assert!((r.log_likelihood - ll_hat).abs() < 1e-6, "{ties:?} LL {}", r.log_likelihood);
+            assert!(
+                (cox.log_likelihood() - ll0).abs() < 1e-6,
+                "{ties:?} LL(0) {}",
+                cox.log_likelihood()
+            );
+            let opts = CcdOptions {
+                tolerance: 1e-12,
+                ..Default::default()
+            };
+            let r = fit(
+                &mut cox,
+                &PriorSet::new(Prior::None, &[false]),
+                &[0.0],
+                None,
+                &opts,
+            )
+            .unwrap();
+            assert!(
+                (r.beta[0] - bhat).abs() < 1e-5,
+                "{ties:?} beta {}",
+                r.beta[0]
+            );
+            assert!(
+                (r.log_likelihood - ll_hat).abs() < 1e-6,
+                "{ties:?} LL {}",
+                r.log_likelihood
+            );
             assert!(cox.gradient_hessian(0).0.abs() < 1e-7);
         }
     }
@@ -154,21 +192,39 @@ mod tests {
 
     #[test]
     fn row_order_and_thread_count_invariance() {
-        for (ties, counting) in [(Ties::Breslow, true), (Ties::Efron, true), (Ties::Breslow, false), (Ties::Efron, false)] {
+        for (ties, counting) in [
+            (Ties::Breslow, true),
+            (Ties::Efron, true),
+            (Ties::Breslow, false),
+            (Ties::Efron, false),
+        ] {
             let (mut recs, mut covs) = random_records(spec(3, true, counting), 77);
             let beta = [0.2, -0.4, 0.1, 0.3];
             // Tiny chunks so that the parallel walk really runs on several threads.
-            let make = |recs: &[OutcomeRecord], covs: &[(i64, i64, f64)]| Cox::new(&build(recs, covs), ties).unwrap().with_min_chunk(2);
+            let make = |recs: &[OutcomeRecord], covs: &[(i64, i64, f64)]| {
+                Cox::new(&build(recs, covs), ties)
+                    .unwrap()
+                    .with_min_chunk(2)
+            };
             let reference = fingerprint(&mut make(&recs, &covs), &beta);
             recs.reverse();
             covs.reverse();
             recs.swap(3, 17);
             let shuffled = fingerprint(&mut make(&recs, &covs), &beta);
-            assert_eq!(reference, shuffled, "{ties:?}: row order changed the results");
+            assert_eq!(
+                reference, shuffled,
+                "{ties:?}: row order changed the results"
+            );
             for threads in 1..=3 {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
                 let got = pool.install(|| fingerprint(&mut make(&recs, &covs), &beta));
-                assert_eq!(reference, got, "{ties:?}: {threads} threads changed the results");
+                assert_eq!(
+                    reference, got,
+                    "{ties:?}: {threads} threads changed the results"
+                );
             }
         }
     }
@@ -176,11 +232,21 @@ mod tests {
     #[test]
     fn unusable_data_is_an_error() {
         let mut b = DesignBuilder::new();
-        b.push_outcome(OutcomeRecord { row_id: 1, time: Some(1.0), y: 0.0, ..Default::default() });
+        b.push_outcome(OutcomeRecord {
+            row_id: 1,
+            time: Some(1.0),
+            y: 0.0,
+            ..Default::default()
+        });
         let x = b.build().unwrap();
         assert!(Cox::new(&x, Ties::Breslow).is_err());
         let mut b = DesignBuilder::new();
-        b.push_outcome(OutcomeRecord { row_id: 1, time: Some(1.0), y: 2.0, ..Default::default() });
+        b.push_outcome(OutcomeRecord {
+            row_id: 1,
+            time: Some(1.0),
+            y: 2.0,
+            ..Default::default()
+        });
         assert!(Cox::new(&b.build().unwrap(), Ties::Breslow).is_err());
     }
 }

@@ -86,7 +86,15 @@ mod tests {
     use crate::model::risk_set::test_support::{build, exercise, random_records, Spec};
 
     fn spec(strata: u64, weights: bool) -> Spec {
-        Spec { n: 60, p: 4, strata, weights, counting: false, fine_gray: true, offset: true }
+        Spec {
+            n: 60,
+            p: 4,
+            strata,
+            weights,
+            counting: false,
+            fine_gray: true,
+            offset: true,
+        }
     }
 
     #[test]
@@ -100,7 +108,8 @@ mod tests {
                 let g = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
                 for min_chunk in [usize::MAX, 3, 1] {
                     let mut fg = FineGray::new(&x, ties).unwrap().with_min_chunk(min_chunk);
-                    let what = format!("FG {ties:?} strata={strata} weights={weights} chunk={min_chunk}");
+                    let what =
+                        format!("FG {ties:?} strata={strata} weights={weights} chunk={min_chunk}");
                     exercise(&mut fg, &x, ties, Some(&g), seed * 13, &what);
                 }
             }
@@ -125,13 +134,24 @@ mod tests {
         b.set_beta(&beta);
         assert_eq!(a.log_likelihood().to_bits(), b.log_likelihood().to_bits());
         // Other weights change it, and the brute force agrees.
-        let other: Vec<f64> = g.iter().enumerate().map(|(i, &gi)| gi * (0.5 + 0.5 * ((i % 3) as f64 / 2.0))).collect();
+        let other: Vec<f64> = g
+            .iter()
+            .enumerate()
+            .map(|(i, &gi)| gi * (0.5 + 0.5 * ((i % 3) as f64 / 2.0)))
+            .collect();
         for (r, &gi) in recs.iter_mut().zip(&other) {
             r.censor_weight = Some(gi);
         }
         let xo = build(&recs, &covs);
         let mut c = FineGray::new(&xo, Ties::Breslow).unwrap();
-        exercise(&mut c, &xo, Ties::Breslow, Some(&other), 5, "FG supplied weights");
+        exercise(
+            &mut c,
+            &xo,
+            Ties::Breslow,
+            Some(&other),
+            5,
+            "FG supplied weights",
+        );
     }
 
     #[test]
@@ -157,7 +177,12 @@ mod tests {
         ];
         let mut b = DesignBuilder::new();
         for (i, &(t, s, xv)) in data.iter().enumerate() {
-            b.push_outcome(OutcomeRecord { row_id: i as i64, time: Some(t), y: s, ..Default::default() });
+            b.push_outcome(OutcomeRecord {
+                row_id: i as i64,
+                time: Some(t),
+                y: s,
+                ..Default::default()
+            });
             b.push_covariate(i as i64, 1, xv);
         }
         let x = b.build().unwrap();
@@ -174,7 +199,13 @@ mod tests {
         // rejects supplied weights outside (0, 1]; a hand-made matrix can still carry one.
         let mut b = DesignBuilder::new();
         for (i, &(t, y)) in [(1.0, 2.0), (2.0, 1.0), (3.0, 0.0)].iter().enumerate() {
-            b.push_outcome(OutcomeRecord { row_id: i as i64, time: Some(t), y, censor_weight: Some(1.0), ..Default::default() });
+            b.push_outcome(OutcomeRecord {
+                row_id: i as i64,
+                time: Some(t),
+                y,
+                censor_weight: Some(1.0),
+                ..Default::default()
+            });
         }
         let mut x = b.build().unwrap();
         assert!(FineGray::new(&x, Ties::Breslow).is_ok());
@@ -210,17 +241,33 @@ mod invariance_tests {
 
     #[test]
     fn row_order_and_thread_count_invariance() {
-        let spec = Spec { n: 80, p: 4, strata: 3, weights: true, counting: false, fine_gray: true, offset: false };
+        let spec = Spec {
+            n: 80,
+            p: 4,
+            strata: 3,
+            weights: true,
+            counting: false,
+            fine_gray: true,
+            offset: false,
+        };
         for ties in [Ties::Breslow, Ties::Efron] {
             let (mut recs, mut covs) = random_records(spec, 5);
             let beta = [0.1, 0.4, -0.3, 0.2];
-            let make = |r: &[_], c: &[_]| FineGray::new(&build(r, c), ties).unwrap().with_min_chunk(2);
+            let make =
+                |r: &[_], c: &[_]| FineGray::new(&build(r, c), ties).unwrap().with_min_chunk(2);
             let reference = fingerprint(&mut make(&recs, &covs), &beta);
             recs.reverse();
             covs.reverse();
-            assert_eq!(reference, fingerprint(&mut make(&recs, &covs), &beta), "{ties:?} row order");
+            assert_eq!(
+                reference,
+                fingerprint(&mut make(&recs, &covs), &beta),
+                "{ties:?} row order"
+            );
             for threads in 1..=3 {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
                 let got = pool.install(|| fingerprint(&mut make(&recs, &covs), &beta));
                 assert_eq!(reference, got, "{ties:?}: {threads} threads");
             }

@@ -160,7 +160,12 @@ pub struct RiskSetModel {
 
 impl RiskSetModel {
     /// Build the model. `censor` (Fine–Gray only) is G(T_i−) per input row.
-    pub fn new(x: &DesignMatrix, ties: Ties, kind: RiskSetKind, censor: Option<&[f64]>) -> Result<Self> {
+    pub fn new(
+        x: &DesignMatrix,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
         let r = &x.rows;
         let n = x.n_rows();
         let fg = kind == RiskSetKind::FineGray;
@@ -194,7 +199,13 @@ impl RiskSetModel {
                 message,
             };
             if !ok {
-                return Err(bad("y", format!("must be {} for {name} (got {y})", if fg { "0, 1 or 2" } else { "0 or 1" })));
+                return Err(bad(
+                    "y",
+                    format!(
+                        "must be {} for {name} (got {y})",
+                        if fg { "0, 1 or 2" } else { "0 or 1" }
+                    ),
+                ));
             }
             if !r.time[i].is_finite() {
                 return Err(bad("time", format!("is not finite ({})", r.time[i])));
@@ -208,7 +219,10 @@ impl RiskSetModel {
             }
             if let Some(st) = &r.start_time {
                 if !(st[i].is_finite() && st[i] < r.time[i]) {
-                    return Err(bad("start_time", format!("({}) is not before time ({})", st[i], r.time[i])));
+                    return Err(bad(
+                        "start_time",
+                        format!("({}) is not before time ({})", st[i], r.time[i]),
+                    ));
                 }
             }
         }
@@ -265,7 +279,10 @@ impl RiskSetModel {
                 let mut weight = 0.0;
                 let mut count = 0u32;
                 let mut cens = None;
-                while k < n && stratum_of(order[k] as usize) as usize == s && r.time[order[k] as usize] == t {
+                while k < n
+                    && stratum_of(order[k] as usize) as usize == s
+                    && r.time[order[k] as usize] == t
+                {
                     let o = order[k] as usize;
                     w[k] = x.weight(o);
                     offset[k] = x.offset(o);
@@ -281,7 +298,11 @@ impl RiskSetModel {
                 }
                 let pos = g_time.len() as u32;
                 for row in &mut info[block..k] {
-                    *row = RowInfo { we: 0.0, pos, stratum: s as u32 };
+                    *row = RowInfo {
+                        we: 0.0,
+                        pos,
+                        stratum: s as u32,
+                    };
                 }
                 if count > 0 {
                     g_time.push(t);
@@ -295,10 +316,14 @@ impl RiskSetModel {
         }
         let n_groups = g_time.len();
         if n_groups == 0 {
-            return Err(Error::Empty(format!("{name}: no events (y = 1) in the data")));
+            return Err(Error::Empty(format!(
+                "{name}: no events (y = 1) in the data"
+            )));
         }
         // Rows whose time is below every event time of their stratum got pos = stratum end.
-        let active_strata: Vec<u32> = (0..n_strata as u32).filter(|&s| s_start[s as usize] < s_end[s as usize]).collect();
+        let active_strata: Vec<u32> = (0..n_strata as u32)
+            .filter(|&s| s_start[s as usize] < s_end[s as usize])
+            .collect();
 
         // Counting-process exits.
         let counting = r.start_time.is_some();
@@ -354,12 +379,20 @@ impl RiskSetModel {
         };
         let sort_column = |c: &super::design::Column| {
             let mut tmp: Vec<(u32, f64)> = Vec::with_capacity(c.nnz());
-            tmp.extend(c.entries().map(|(i, v)| (new_index[i], v)).filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)));
+            tmp.extend(
+                c.entries()
+                    .map(|(i, v)| (new_index[i], v))
+                    .filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)),
+            );
             tmp.sort_unstable_by_key(|e| e.0);
             let indicator = c.format == ColumnFormat::Indicator || tmp.iter().all(|e| e.1 == 1.0);
             let mut col = SortedColumn {
                 rows: tmp.iter().map(|e| e.0).collect(),
-                vals: if indicator { Vec::new() } else { tmp.iter().map(|e| e.1).collect() },
+                vals: if indicator {
+                    Vec::new()
+                } else {
+                    tmp.iter().map(|e| e.1).collect()
+                },
                 exits: Vec::new(),
                 event_sum: 0.0,
             };
@@ -381,7 +414,10 @@ impl RiskSetModel {
             x.columns.par_iter().map(sort_column).collect()
         };
 
-        let efron_group: Vec<bool> = g_count.iter().map(|&d| ties == Ties::Efron && d >= 2).collect();
+        let efron_group: Vec<bool> = g_count
+            .iter()
+            .map(|&d| ties == Ties::Efron && d >= 2)
+            .collect();
         let any_efron = efron_group.iter().any(|&b| b);
         let p = cols.len();
         let mut m = RiskSetModel {
@@ -415,7 +451,11 @@ impl RiskSetModel {
             b_sum: if fg { vec![0.0; n_groups] } else { Vec::new() },
             e0: vec![0.0; n_groups],
             diff_f: vec![0.0; n_groups + 1],
-            diff_b: if fg { vec![0.0; n_groups + 1] } else { Vec::new() },
+            diff_b: if fg {
+                vec![0.0; n_groups + 1]
+            } else {
+                Vec::new()
+            },
             dirty: true,
             simple: !counting && !any_efron,
             unit_groups: false,
@@ -426,13 +466,32 @@ impl RiskSetModel {
             queued: false,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
-            pg: if fg { vec![[0.0; 3]; n_groups + 1] } else { Vec::new() },
-            eu: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
-            ev: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
-            ez: if any_efron { vec![0.0; n_groups] } else { Vec::new() },
+            pg: if fg {
+                vec![[0.0; 3]; n_groups + 1]
+            } else {
+                Vec::new()
+            },
+            eu: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
+            ev: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
+            ez: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
         };
         m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
-        m.event_offset_sum = (0..n).filter(|&k| m.event[k]).map(|k| m.w[k] * m.offset[k]).sum();
+        m.event_offset_sum = (0..n)
+            .filter(|&k| m.event[k])
+            .map(|k| m.w[k] * m.offset[k])
+            .sum();
         let beta = vec![0.0; p];
         m.set_beta(&beta);
         Ok(m)
@@ -633,11 +692,22 @@ impl RiskSetModel {
         let queue_f = std::mem::take(&mut self.pending);
         let queue_b = std::mem::take(&mut self.pending_b);
         let n_groups = self.g_weight.len();
-        let n_chunks = if n_groups >= self.par_min_groups { REFRESH_CHUNKS } else { 1 };
+        let n_chunks = if n_groups >= self.par_min_groups {
+            REFRESH_CHUNKS
+        } else {
+            1
+        };
         let bounds: Vec<usize> = (0..=n_chunks).map(|c| c * n_groups / n_chunks).collect();
-        let starts: Vec<u32> = self.active_strata.iter().map(|&s| self.s_start[s as usize]).collect();
+        let starts: Vec<u32> = self
+            .active_strata
+            .iter()
+            .map(|&s| self.s_start[s as usize])
+            .collect();
         let starts_b: Vec<f64> = if FG {
-            self.active_strata.iter().map(|&s| self.b_start[s as usize]).collect()
+            self.active_strata
+                .iter()
+                .map(|&s| self.b_start[s as usize])
+                .collect()
         } else {
             vec![0.0; starts.len()]
         };
@@ -677,7 +747,11 @@ impl RiskSetModel {
                 let own = starts.partition_point(|&st| st as usize <= c0);
                 let stratum_start = if own > 0 { starts[own - 1] as usize } else { 0 };
                 let carry_f = sum_between(&queue_f, stratum_start, c0);
-                let carry_b = if FG && own > 0 { starts_b[own - 1] + sum_between(&queue_b, stratum_start, c0) } else { 0.0 };
+                let carry_b = if FG && own > 0 {
+                    starts_b[own - 1] + sum_between(&queue_b, stratum_start, c0)
+                } else {
+                    0.0
+                };
                 let s1 = starts.partition_point(|&st| (st as usize) < c1).max(own);
                 jobs.push(ChunkJob {
                     c0,
@@ -795,7 +869,10 @@ impl RiskSetModel {
         if self.simple {
             // Positions within one column are nondecreasing; only a second update before the
             // next refresh can unsort the queues.
-            let first = col.rows.first().map_or(u32::MAX, |&k| self.info[k as usize].pos);
+            let first = col
+                .rows
+                .first()
+                .map_or(u32::MAX, |&k| self.info[k as usize].pos);
             self.pending_sorted &= self.pending.last().is_none_or(|&(p, _)| first >= p);
             self.pending_sorted &= self.pending_b.last().is_none_or(|&(p, _)| first >= p);
             self.pending.reserve(col.rows.len());
@@ -804,10 +881,18 @@ impl RiskSetModel {
         let factor = delta.exp();
         for (i, &k) in col.rows.iter().enumerate() {
             if i + UPDATE_AHEAD < col.rows.len() {
-                prefetch(self.info.as_ptr().wrapping_add(col.rows[i + UPDATE_AHEAD] as usize));
+                prefetch(
+                    self.info
+                        .as_ptr()
+                        .wrapping_add(col.rows[i + UPDATE_AHEAD] as usize),
+                );
             }
             let k = k as usize;
-            let f = if col.vals.is_empty() { factor } else { (delta * col.vals[i]).exp() };
+            let f = if col.vals.is_empty() {
+                factor
+            } else {
+                (delta * col.vals[i]).exp()
+            };
             let old = self.info[k].we;
             let we = old * f;
             self.info[k].we = we;
@@ -892,7 +977,11 @@ impl RiskSetModel {
     /// on the thread count), cutting only where the (stratum, position) key changes.
     fn chunk_bounds(&self, col: &SortedColumn) -> Vec<usize> {
         let n = col.rows.len();
-        let n_chunks = if self.counting { 1 } else { (n / self.min_chunk.max(1)).clamp(1, MAX_CHUNKS) };
+        let n_chunks = if self.counting {
+            1
+        } else {
+            (n / self.min_chunk.max(1)).clamp(1, MAX_CHUNKS)
+        };
         let mut bounds = Vec::with_capacity(n_chunks + 1);
         bounds.push(0);
         let key = |i: usize| {
@@ -914,7 +1003,12 @@ impl RiskSetModel {
 
     /// The walk without counting-process exits: a tight loop over the entries of each run.
     #[inline(never)]
-    fn walk_entries<const IND: bool, const FG: bool>(&self, col: &SortedColumn, i0: usize, i1: usize) -> ChunkOut {
+    fn walk_entries<const IND: bool, const FG: bool>(
+        &self,
+        col: &SortedColumn,
+        i0: usize,
+        i1: usize,
+    ) -> ChunkOut {
         let mut out = ChunkOut::default();
         let rows = &col.rows[..];
         let vals = &col.vals[..];
@@ -924,13 +1018,21 @@ impl RiskSetModel {
             let first = self.info[rows[i] as usize];
             let s = first.stratum;
             let continues = i == i0 && i0 > 0 && self.info[rows[i0 - 1] as usize].stratum == s;
-            let start = if continues { first.pos } else { self.s_start[s as usize] };
+            let start = if continues {
+                first.pos
+            } else {
+                self.s_start[s as usize]
+            };
             // A local copy that never escapes, so that the hot state stays in registers.
             let mut r = Run::open(self, start, !continues);
             while i < i1 {
                 // The gathers are monotone but sparse: fetch ahead (a hint; never faults).
                 if i + INFO_AHEAD < i1 {
-                    prefetch(self.info.as_ptr().wrapping_add(rows[i + INFO_AHEAD] as usize));
+                    prefetch(
+                        self.info
+                            .as_ptr()
+                            .wrapping_add(rows[i + INFO_AHEAD] as usize),
+                    );
                 }
                 if i + PREFIX_AHEAD < i1 {
                     let ahead = self.info[rows[i + PREFIX_AHEAD] as usize].pos as usize;
@@ -961,7 +1063,11 @@ impl RiskSetModel {
                         r.b2 -= c * x * inv;
                     }
                 }
-                if efron && self.event[k] && (p as usize) < self.efron_group.len() && self.efron_group[p as usize] {
+                if efron
+                    && self.event[k]
+                    && (p as usize) < self.efron_group.len()
+                    && self.efron_group[p as usize]
+                {
                     r.e1 += c;
                     r.e2 += c * x;
                     r.pending = true;
@@ -985,11 +1091,20 @@ impl RiskSetModel {
 
     /// The walk over entries `i0..i1` of one column (plus its exits when it is the only chunk).
     #[inline(never)]
-    fn walk_chunk<const IND: bool, const FG: bool>(&self, col: &SortedColumn, i0: usize, i1: usize) -> ChunkOut {
+    fn walk_chunk<const IND: bool, const FG: bool>(
+        &self,
+        col: &SortedColumn,
+        i0: usize,
+        i1: usize,
+    ) -> ChunkOut {
         let mut out = ChunkOut::default();
         let mut run = Run::default();
         let mut cur_s = u32::MAX;
-        let exits: &[(u32, u32)] = if i0 == 0 && i1 == col.rows.len() { &col.exits } else { &[] };
+        let exits: &[(u32, u32)] = if i0 == 0 && i1 == col.rows.len() {
+            &col.exits
+        } else {
+            &[]
+        };
         if exits.is_empty() {
             return self.walk_entries::<IND, FG>(col, i0, i1);
         }
@@ -1025,7 +1140,15 @@ impl RiskSetModel {
                 }
                 cur_s = s;
                 let continues = i == i0 && i0 > 0 && stratum_of_entry(i0 - 1) == s;
-                run = Run::open(self, if continues { p } else { self.s_start[s as usize] }, !continues);
+                run = Run::open(
+                    self,
+                    if continues {
+                        p
+                    } else {
+                        self.s_start[s as usize]
+                    },
+                    !continues,
+                );
             }
             if p != run.p0 {
                 if efron {
@@ -1055,7 +1178,12 @@ impl RiskSetModel {
                     run.b2 -= c * x * inv;
                 }
             }
-            if efron && !take_exit && self.event[k] && (p as usize) < self.efron_group.len() && self.efron_group[p as usize] {
+            if efron
+                && !take_exit
+                && self.event[k]
+                && (p as usize) < self.efron_group.len()
+                && self.efron_group[p as usize]
+            {
                 run.e1 += c;
                 run.e2 += c * x;
                 run.pending = true;
@@ -1100,7 +1228,10 @@ impl RiskSetModel {
         let mut b2 = -pieces.iter().map(|p| p.b2).sum::<f64>();
         for p in pieces {
             let (s, e) = (p.p_first as usize, p.p_end as usize);
-            let (dr, dq) = (self.prq[e][0] - self.prq[s][0], self.prq[e][1] - self.prq[s][1]);
+            let (dr, dq) = (
+                self.prq[e][0] - self.prq[s][0],
+                self.prq[e][1] - self.prq[s][1],
+            );
             let mut piece = p.acc;
             piece.lin += a * dr;
             piece.lin2 += a2 * dr;
@@ -1162,7 +1293,11 @@ impl RiskSetModel {
             return;
         }
         let g = run.p0 as usize;
-        let s1 = if FG { run.a + self.g_cens[g] * run.b } else { run.a };
+        let s1 = if FG {
+            run.a + self.g_cens[g] * run.b
+        } else {
+            run.a
+        };
         let (u, v, z) = (self.eu[g], self.ev[g], self.ez[g]);
         run.acc.gcorr += u * run.e1;
         run.acc.hcorr -= u * run.e2 - 2.0 * v * s1 * run.e1 + z * run.e1 * run.e1;
@@ -1244,7 +1379,13 @@ impl RiskSetModel {
                 }
                 while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= g {
                     let row = self.all_exits[xp].1 as usize;
-                    add(&mut f0, &mut f1, &mut f2, -self.info[row].we, &xs[row * k..row * k + k]);
+                    add(
+                        &mut f0,
+                        &mut f1,
+                        &mut f2,
+                        -self.info[row].we,
+                        &xs[row * k..row * k + k],
+                    );
                     xp += 1;
                 }
                 let gc = if self.fg { self.g_cens[g] } else { 0.0 };
@@ -1269,7 +1410,9 @@ impl RiskSetModel {
                         let ma = s1[a] - f * e1[a];
                         for b in 0..k {
                             let mb = s1[b] - f * e1[b];
-                            out[a * k + b] += wbar * ((s2[a * k + b] - f * e2[a * k + b]) / den - ma * mb / (den * den));
+                            out[a * k + b] += wbar
+                                * ((s2[a * k + b] - f * e2[a * k + b]) / den
+                                    - ma * mb / (den * den));
                         }
                     }
                 }
@@ -1301,8 +1444,24 @@ struct ChunkJob<'a> {
 }
 
 /// Run one chunk: returns the chunk's (Σ r, Σ q, Σ r G, Σ q G, Σ q G²).
-fn refresh_chunk<const UNIT: bool, const FG: bool>(job: ChunkJob<'_>, weight: &[f64], g_cens: &[f64]) -> [f64; 5] {
-    let ChunkJob { c0, f, b, out, out_g, queue_f, queue_b, starts, starts_b, carry_f, carry_b } = job;
+fn refresh_chunk<const UNIT: bool, const FG: bool>(
+    job: ChunkJob<'_>,
+    weight: &[f64],
+    g_cens: &[f64],
+) -> [f64; 5] {
+    let ChunkJob {
+        c0,
+        f,
+        b,
+        out,
+        out_g,
+        queue_f,
+        queue_b,
+        starts,
+        starts_b,
+        carry_f,
+        carry_b,
+    } = job;
     let c1 = c0 + f.len();
     let mut acc = [0.0f64; 5];
     let (mut fi, mut bi, mut si) = (0usize, 0usize, 0usize);
@@ -1567,13 +1726,20 @@ pub(crate) mod test_support {
                 time: Some(time),
                 y,
                 weight: spec.weights.then(|| 0.25 + 2.0 * rng.unif()),
-                start_time: spec.counting.then(|| (rng.below(time as u64) as f64) - 0.5 * rng.unif() * f64::from(u8::from(rng.below(2) == 0))),
+                start_time: spec.counting.then(|| {
+                    (rng.below(time as u64) as f64)
+                        - 0.5 * rng.unif() * f64::from(u8::from(rng.below(2) == 0))
+                }),
                 offset: spec.offset.then(|| 0.3 * rng.unif() - 0.15),
                 censor_weight: None,
             });
             for j in 0..spec.p {
                 if rng.unif() < 0.45 {
-                    let v = if j < spec.p / 2 { 1.0 } else { (rng.unif() * 2.0 - 0.7).round() * 0.5 + 0.1 };
+                    let v = if j < spec.p / 2 {
+                        1.0
+                    } else {
+                        (rng.unif() * 2.0 - 0.7).round() * 0.5 + 0.1
+                    };
                     covs.push((row_id, j as i64 * 3 + 1, v));
                 }
             }
@@ -1594,12 +1760,19 @@ pub(crate) mod test_support {
 
     /// Brute-force LL, gradient and information (−Hessian) at β, straight from the definitions.
     /// `censor` = G(T−) per row (Fine–Gray), `None` for Cox.
-    pub fn brute(x: &DesignMatrix, beta: &[f64], ties: Ties, censor: Option<&[f64]>) -> (f64, Vec<f64>, Vec<f64>) {
+    pub fn brute(
+        x: &DesignMatrix,
+        beta: &[f64],
+        ties: Ties,
+        censor: Option<&[f64]>,
+    ) -> (f64, Vec<f64>, Vec<f64>) {
         let n = x.n_rows();
         let p = x.n_cols();
         let r = &x.rows;
         let xd: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(n)).collect();
-        let eta: Vec<f64> = (0..n).map(|i| x.offset(i) + (0..p).map(|j| beta[j] * xd[j][i]).sum::<f64>()).collect();
+        let eta: Vec<f64> = (0..n)
+            .map(|i| x.offset(i) + (0..p).map(|j| beta[j] * xd[j][i]).sum::<f64>())
+            .collect();
         let mut ll = 0.0;
         let mut grad = vec![0.0; p];
         let mut info = vec![0.0; p * p];
@@ -1612,11 +1785,16 @@ pub(crate) mod test_support {
             }
         }
         // Distinct (stratum, event time).
-        let mut keys: Vec<(u32, f64)> = (0..n).filter(|&i| r.y[i] == 1.0).map(|i| (r.stratum[i], r.time[i])).collect();
+        let mut keys: Vec<(u32, f64)> = (0..n)
+            .filter(|&i| r.y[i] == 1.0)
+            .map(|i| (r.stratum[i], r.time[i]))
+            .collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
         keys.dedup();
         for &(s, t) in &keys {
-            let events: Vec<usize> = (0..n).filter(|&i| r.stratum[i] == s && r.time[i] == t && r.y[i] == 1.0).collect();
+            let events: Vec<usize> = (0..n)
+                .filter(|&i| r.stratum[i] == s && r.time[i] == t && r.y[i] == 1.0)
+                .collect();
             let g_t = censor.map_or(1.0, |c| c[events[0]]);
             let mut s0 = 0.0;
             let mut s1 = vec![0.0; p];
@@ -1670,7 +1848,8 @@ pub(crate) mod test_support {
                     grad[a] -= wbar * ma / den;
                     for b in 0..p {
                         let mb = s1[b] - f * e1[b];
-                        info[a * p + b] += wbar * ((s2[a * p + b] - f * e2[a * p + b]) / den - ma * mb / (den * den));
+                        info[a * p + b] += wbar
+                            * ((s2[a * p + b] - f * e2[a * p + b]) / den - ma * mb / (den * den));
                     }
                 }
             }
@@ -1684,7 +1863,14 @@ pub(crate) mod test_support {
 
     /// Compare the likelihood's state at `beta` against the brute force (LL, every g_j and h_j,
     /// and the full information matrix).
-    pub fn check(lik: &mut dyn Likelihood, x: &DesignMatrix, beta: &[f64], ties: Ties, censor: Option<&[f64]>, what: &str) {
+    pub fn check(
+        lik: &mut dyn Likelihood,
+        x: &DesignMatrix,
+        beta: &[f64],
+        ties: Ties,
+        censor: Option<&[f64]>,
+        what: &str,
+    ) {
         let (ll, grad, info) = brute(x, beta, ties, censor);
         let p = beta.len();
         let got = lik.log_likelihood();
@@ -1692,7 +1878,11 @@ pub(crate) mod test_support {
         for j in 0..p {
             let (g, h) = lik.gradient_hessian(j);
             assert!(close(g, grad[j], 1e-9), "{what}: g[{j}] {g} vs {}", grad[j]);
-            assert!(close(h, info[j * p + j], 1e-9), "{what}: h[{j}] {h} vs {}", info[j * p + j]);
+            assert!(
+                close(h, info[j * p + j], 1e-9),
+                "{what}: h[{j}] {h} vs {}",
+                info[j * p + j]
+            );
         }
         let cols: Vec<usize> = (0..p).collect();
         let got = lik.information(&cols);
@@ -1702,22 +1892,50 @@ pub(crate) mod test_support {
     }
 
     /// Set β, check, then a sequence of updates (each checked), then set_beta again.
-    pub fn exercise(lik: &mut dyn Likelihood, x: &DesignMatrix, ties: Ties, censor: Option<&[f64]>, seed: u64, what: &str) {
+    pub fn exercise(
+        lik: &mut dyn Likelihood,
+        x: &DesignMatrix,
+        ties: Ties,
+        censor: Option<&[f64]>,
+        seed: u64,
+        what: &str,
+    ) {
         let p = x.n_cols();
         let mut rng = Rng(seed | 1);
         let mut beta: Vec<f64> = (0..p).map(|_| rng.unif() - 0.5).collect();
         lik.set_beta(&beta);
-        check(lik, x, &beta, ties, censor, &format!("{what} after set_beta"));
+        check(
+            lik,
+            x,
+            &beta,
+            ties,
+            censor,
+            &format!("{what} after set_beta"),
+        );
         for step in 0..2 * p {
             let j = rng.below(p as u64) as usize;
             let d = rng.unif() - 0.5;
             beta[j] += d;
             lik.update(j, d);
             if step % 2 == 1 {
-                check(lik, x, &beta, ties, censor, &format!("{what} after update {step}"));
+                check(
+                    lik,
+                    x,
+                    &beta,
+                    ties,
+                    censor,
+                    &format!("{what} after update {step}"),
+                );
             }
         }
         lik.set_beta(&beta);
-        check(lik, x, &beta, ties, censor, &format!("{what} after second set_beta"));
+        check(
+            lik,
+            x,
+            &beta,
+            ties,
+            censor,
+            &format!("{what} after second set_beta"),
+        );
     }
 }
