@@ -22,7 +22,7 @@
 //!
 //! After an update the change of w e of the updated rows (multiplied by exp(Δ·x); η itself is
 //! only rebuilt by `set_beta`) is queued and applied lazily before the next gradient, in one
-//! O(G) pass that also rebuilds the prefix sums: on the common path (Cox, Breslow, no
+//! O(G) pass that also rebuilds the prefix sums: on the common path (no tied Efron groups, no
 //! (start, stop] rows) as a sorted queue of (position, change) merged into the pass, otherwise
 //! through dense difference arrays. Coordinates that are not updated (most of them under a
 //! Laplace prior) cost O(nnz_j) only. `set_beta` recomputes everything from scratch.
@@ -132,8 +132,8 @@ pub struct RiskSetModel {
     diff_f: Vec<f64>,
     diff_b: Vec<f64>,
     dirty: bool,
-    /// Cox without Efron ties or (start, stop] rows: updates queue sorted (position, change)
-    /// pairs instead of touching the dense difference array.
+    /// No tied Efron groups and no (start, stop] rows (Cox or Fine–Gray): updates queue sorted
+    /// (position, change) pairs instead of touching the dense difference arrays.
     simple: bool,
     /// Every group has total weight 1 (r_g = 1/S0).
     unit_groups: bool,
