@@ -11,6 +11,7 @@ use epifusion::backend::Device;
 use epifusion::bench;
 use epifusion::engine::convert::{self, ReadOptions};
 use epifusion::fit::{fit, CiMethod, FitOptions, FitResult};
+use epifusion::model::ccd::Convergence;
 use epifusion::model::design::DesignMatrix;
 use epifusion::model::prior::Prior;
 use epifusion::model::{ModelKind, Ties};
@@ -39,6 +40,9 @@ fn parse_model(s: &str) -> std::result::Result<ModelKind, String> {
 }
 fn parse_ties(s: &str) -> std::result::Result<Ties, String> {
     Ties::parse(s).map_err(|e| e.to_string())
+}
+fn parse_convergence(s: &str) -> std::result::Result<Convergence, String> {
+    Convergence::parse(s).map_err(|e| e.to_string())
 }
 fn parse_ci(s: &str) -> std::result::Result<CiMethod, String> {
     CiMethod::parse(s).map_err(|e| e.to_string())
@@ -74,7 +78,11 @@ struct FitArgs {
     /// Ties for cox / fine_gray: breslow or efron.
     #[arg(long, default_value = "breslow", value_parser = parse_ties)]
     ties: Ties,
-    /// Convergence tolerance on the relative change of the objective.
+    /// Stopping rule: objective (relative change of the objective after a cycle) or gradient
+    /// (largest KKT violation in the cycle).
+    #[arg(long, default_value = "objective", value_parser = parse_convergence)]
+    convergence: Convergence,
+    /// Convergence tolerance of the stopping rule.
     #[arg(long, default_value_t = 1e-6)]
     tolerance: f64,
     /// Maximum number of CCD cycles.
@@ -133,6 +141,12 @@ struct BenchArgs {
     /// Threads [1].
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Stopping rule: objective or gradient.
+    #[arg(long, default_value = "objective", value_parser = parse_convergence)]
+    convergence: Convergence,
+    /// Convergence tolerance.
+    #[arg(long, default_value_t = 1e-6)]
+    tolerance: f64,
     /// Generator seed.
     #[arg(long, default_value_t = 123)]
     seed: u64,
@@ -178,6 +192,7 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     opts.ties = a.ties;
     opts.prior = prior;
     opts.ccd.tolerance = a.tolerance;
+    opts.ccd.convergence = a.convergence;
     opts.ccd.max_iterations = a.max_iterations;
     opts.ci = a.ci;
     opts.ci_level = a.ci_level;
@@ -366,7 +381,8 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
     if !a.generate_only {
         let mut opts = FitOptions::new(a.model);
         opts.prior = Prior::Laplace { lambda };
-        opts.ccd.tolerance = 1e-6;
+        opts.ccd.tolerance = a.tolerance;
+        opts.ccd.convergence = a.convergence;
         opts.ci = CiMethod::None;
         opts.threads = Some(a.threads);
         opts.device = a.device;

@@ -7,7 +7,8 @@
 //! | `lambda` | number | – | Laplace λ (objective LL − λΣ\|β\|), or the ridge λ (σ² = 1/λ) |
 //! | `exclude` | array of ints | `[]` | covariate ids never penalized |
 //! | `ties` | string | `"breslow"` | `breslow` or `efron` |
-//! | `tolerance` | number | `1e-6` | relative change of the objective |
+//! | `convergence` | string | `"objective"` | `objective` (relative change) or `gradient` (KKT violation) |
+//! | `tolerance` | number | `1e-6` | threshold of the convergence rule |
 //! | `max_iterations` | int | `1000` | full CCD cycles |
 //! | `ci` | string | `"profile"` | `profile`, `wald` or `none` |
 //! | `ci_level` | number | `0.95` | interval level |
@@ -31,6 +32,7 @@ pub const FIT_OPTION_KEYS: &[&str] = &[
     "lambda",
     "exclude",
     "ties",
+    "convergence",
     "tolerance",
     "max_iterations",
     "ci",
@@ -84,6 +86,9 @@ pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
     }
     if let Some(t) = get_str(&map, "ties")? {
         opts.ties = Ties::parse(t)?;
+    }
+    if let Some(c) = get_str(&map, "convergence")? {
+        opts.ccd.convergence = crate::model::ccd::Convergence::parse(c)?;
     }
     if let Some(t) = get_f64(&map, "tolerance")? {
         opts.ccd.tolerance = t;

@@ -128,21 +128,13 @@ fn fdata_censoring_weights(backend: Backend) {
 }
 
 /// `epifusion::model::censoring::censoring_weights(time, y, stratum) -> Vec<f64>` (G(T_i−) per
-/// row). It is being written in another branch: build with
-/// `RUSTFLAGS="--cfg epifusion_censoring_weights"` to include this check until it lands, then
-/// drop the cfg.
-#[allow(unexpected_cfgs)]
+/// row) against the published values.
 fn engine_censoring_weights(time: &[f64], y: &[f64], stratum: &[u32], expected: &[f64]) {
-    #[cfg(epifusion_censoring_weights)]
-    {
-        let got = epifusion::model::censoring::censoring_weights(time, y, stratum);
-        assert_eq!(got.len(), expected.len());
-        for i in 0..got.len() {
-            assert_abs(&format!("engine G(T−) row {i}"), got[i], expected[i], 1e-15);
-        }
+    let got = epifusion::model::censoring::censoring_weights(time, y, stratum);
+    assert_eq!(got.len(), expected.len());
+    for i in 0..got.len() {
+        assert_abs(&format!("engine G(T−) row {i}"), got[i], expected[i], 1e-15);
     }
-    #[cfg(not(epifusion_censoring_weights))]
-    let _ = (time, y, stratum, expected);
 }
 
 // ---------------------------------------------------------------------------------------------

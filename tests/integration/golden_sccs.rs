@@ -256,8 +256,10 @@ fn amdat_matches_published_stata_and_r() {
     let pi = profile_interval(
         &mut f.lik,
         &f.priors,
-        &beta_hat,
-        f.ll,
+        epifusion::model::inference::Optimum {
+            beta: &beta_hat,
+            objective: f.ll,
+        },
         j,
         se,
         0.95,
