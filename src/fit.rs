@@ -38,7 +38,7 @@ use std::time::Instant;
 use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::model::ccd::{self, CcdOptions, FitStatus};
-use crate::model::design::DesignMatrix;
+use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference;
 use crate::model::prior::{Prior, PriorSet};
 use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
@@ -191,8 +191,58 @@ impl FitResult {
 }
 
 /// Fit `opts.model` to `design`. For logistic and Poisson regression an intercept column is
-/// added (on a copy of the design).
+/// added (without copying the design). [`fit_owned`] does the same in less memory.
 pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    with_threads(opts, || {
+        let started = Instant::now();
+        let (device, device_note) = opts.device.resolve()?;
+        let mut shape = Shape::of(design);
+        let mut cols = design.column_source();
+        if opts.model.has_intercept() && !design.has_intercept() {
+            cols = cols.prepend(Column::intercept(design.n_rows()));
+            shape.labels.insert(
+                0,
+                ColumnLabel {
+                    id: INTERCEPT_ID,
+                    name: "(Intercept)".into(),
+                },
+            );
+        }
+        shape.check_exclude(opts)?;
+        let mut lik = crate::model::cpu_likelihood_from(
+            opts.model,
+            design,
+            cols,
+            LikelihoodOptions { ties: opts.ties },
+        )?;
+        finish(lik.as_mut(), &shape, opts, started, device, device_note)
+    })
+}
+
+/// [`fit`] consuming the design matrix: the likelihood drops each column as soon as it has its
+/// own copy, and the row data once it is built, so peak memory stays near one copy of the
+/// columns (DESIGN.md §10). Results are identical to [`fit`].
+pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    with_threads(opts, move || {
+        let started = Instant::now();
+        let (device, device_note) = opts.device.resolve()?;
+        let mut design = design;
+        if opts.model.has_intercept() && !design.has_intercept() {
+            design = design.with_intercept();
+        }
+        let shape = Shape::of(&design);
+        shape.check_exclude(opts)?;
+        let mut lik = crate::backend::cpu::likelihood_owned(
+            opts.model,
+            design,
+            LikelihoodOptions { ties: opts.ties },
+        )?;
+        finish(lik.as_mut(), &shape, opts, started, device, device_note)
+    })
+}
+
+/// Run `f` on a pool of `opts.threads` threads (after checking the options).
+fn with_threads<T: Send>(opts: &FitOptions, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     opts.check()?;
     match opts.threads {
         Some(n) => {
@@ -200,41 +250,56 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
                 .num_threads(n)
                 .build()
                 .map_err(|e| Error::option("threads", e.to_string()))?;
-            pool.install(|| fit_inner(design, opts))
+            pool.install(f)
         }
-        None => fit_inner(design, opts),
+        None => f(),
     }
 }
 
-fn fit_inner(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
-    let started = Instant::now();
-    let (device, device_note) = opts.device.resolve()?;
-    let with_intercept;
-    let x = if opts.model.has_intercept()
-        && design.columns.first().map(|c| c.id) != Some(crate::model::design::INTERCEPT_ID)
-    {
-        with_intercept = design.clone().with_intercept();
-        &with_intercept
-    } else {
-        design
-    };
-    for &id in &opts.exclude {
-        if x.column_index(id).is_none() {
-            return Err(Error::option(
-                "exclude",
-                format!("covariate id {id} is not a column of the design matrix"),
-            ));
+/// What a fit result needs of the design once the likelihood is built.
+struct Shape {
+    labels: Vec<ColumnLabel>,
+    n_rows: usize,
+    n_strata: usize,
+}
+
+impl Shape {
+    fn of(x: &DesignMatrix) -> Self {
+        Shape {
+            labels: x.column_labels(),
+            n_rows: x.n_rows(),
+            n_strata: x.n_strata(),
         }
     }
-    let mut lik =
-        crate::backend::cpu::likelihood(opts.model, x, LikelihoodOptions { ties: opts.ties })?;
-    let excluded: Vec<bool> = x
-        .columns
+
+    fn check_exclude(&self, opts: &FitOptions) -> Result<()> {
+        for &id in &opts.exclude {
+            if !self.labels.iter().any(|l| l.id == id) {
+                return Err(Error::option(
+                    "exclude",
+                    format!("covariate id {id} is not a column of the design matrix"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn finish(
+    lik: &mut dyn Likelihood,
+    shape: &Shape,
+    opts: &FitOptions,
+    started: Instant,
+    device: &str,
+    device_note: Option<String>,
+) -> Result<FitResult> {
+    let excluded: Vec<bool> = shape
+        .labels
         .iter()
-        .map(|c| c.id == crate::model::design::INTERCEPT_ID || opts.exclude.contains(&c.id))
+        .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
     let priors = PriorSet::new(opts.prior, &excluded);
-    let mut r = fit_likelihood(lik.as_mut(), x, &priors, opts, started)?;
+    let mut r = fit_shape(lik, shape, &priors, opts, started)?;
     r.device = device.into();
     r.device_note = device_note;
     Ok(r)
@@ -248,7 +313,17 @@ pub fn fit_likelihood(
     opts: &FitOptions,
     started: Instant,
 ) -> Result<FitResult> {
-    let p = x.n_cols();
+    fit_shape(lik, &Shape::of(x), priors, opts, started)
+}
+
+fn fit_shape(
+    lik: &mut dyn Likelihood,
+    x: &Shape,
+    priors: &PriorSet,
+    opts: &FitOptions,
+    started: Instant,
+) -> Result<FitResult> {
+    let p = x.labels.len();
     let beta0 = vec![0.0; p];
     let r = ccd::fit(lik, priors, &beta0, None, &opts.ccd)?;
     let fit_seconds = r.seconds;
@@ -298,12 +373,12 @@ pub fn fit_likelihood(
         }
     }
     let coefficients = x
-        .columns
+        .labels
         .iter()
         .enumerate()
         .map(|(j, c)| Coefficient {
             covariate_id: c.id,
-            name: c.display_name(),
+            name: c.name.clone(),
             estimate: r.beta[j],
             std_error: se[j],
             ci_lower: lower[j],
@@ -322,8 +397,8 @@ pub fn fit_likelihood(
         seconds: started.elapsed().as_secs_f64(),
         fit_seconds,
         objective_trace: r.objective_trace,
-        n_rows: x.n_rows(),
-        n_strata: x.n_strata(),
+        n_rows: x.n_rows,
+        n_strata: x.n_strata,
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,

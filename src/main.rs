@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use epifusion::backend::Device;
 use epifusion::bench;
 use epifusion::engine::convert::{self, ReadOptions};
-use epifusion::fit::{fit, CiMethod, FitOptions, FitResult};
+use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult};
 use epifusion::model::ccd::Convergence;
 use epifusion::model::design::DesignMatrix;
 use epifusion::model::prior::Prior;
@@ -244,7 +244,7 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     }
     opts.exclude = resolve_exclude(&a.exclude, &design)?;
 
-    let result = fit(&design, &opts)?;
+    let result = fit_owned(design, &opts)?;
     if let Some(note) = &result.device_note {
         eprintln!("{note}");
     }
@@ -364,6 +364,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         ModelKind::ConditionalPoisson => design.n_strata(),
         _ => design.n_rows(),
     };
+    let (n_cols, csc_bytes) = (design.n_cols(), design.csc_bytes());
     let mut out = serde_json::json!({
         "model": a.model.name(),
         "source": a.data.as_ref().map_or("generated".to_string(), |d| d.display().to_string()),
@@ -386,7 +387,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.ci = CiMethod::None;
         opts.threads = Some(a.threads);
         opts.device = a.device;
-        let r = fit(&design, &opts)?;
+        let r = fit_owned(design, &opts)?;
         let fit_seconds = r.fit_seconds;
         let l1: f64 = r.coefficients.iter().map(|c| c.estimate.abs()).sum();
         let nonzero = r.coefficients.iter().filter(|c| c.estimate != 0.0).count();
@@ -403,7 +404,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         if let Some(note) = &r.device_note {
             eprintln!("{note}");
         }
-        let reference = (design.n_cols() == 1000)
+        let reference = (n_cols == 1000)
             .then(|| reference_seconds(a.model, n_units))
             .flatten();
         if let Some(ref_s) = reference {
@@ -414,7 +415,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
     let rss = bench::peak_rss_bytes();
     out["peak_rss_bytes"] = rss.into();
     if let Some(rss) = rss {
-        out["peak_rss_over_csc"] = (rss as f64 / design.csc_bytes().max(1) as f64).into();
+        out["peak_rss_over_csc"] = (rss as f64 / csc_bytes.max(1) as f64).into();
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);

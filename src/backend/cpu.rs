@@ -12,3 +12,12 @@ pub fn likelihood(
 ) -> Result<Box<dyn Likelihood>> {
     crate::model::cpu_likelihood(kind, x, opts)
 }
+
+/// [`likelihood`] consuming the design matrix (see [`crate::model::cpu_likelihood_owned`]).
+pub fn likelihood_owned(
+    kind: ModelKind,
+    x: DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    crate::model::cpu_likelihood_owned(kind, x, opts)
+}

@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | `ties` | breslow | breslow, efron |
 
-use super::design::DesignMatrix;
+use super::design::{ColumnSource, DesignMatrix};
 use super::risk_set::{RiskSetKind, RiskSetModel};
 use super::{Likelihood, Ties};
 use crate::error::Result;
@@ -29,8 +29,13 @@ pub struct Cox {
 impl Cox {
     /// Build the likelihood at β = 0. Errors on y ∉ {0, 1}, bad weights/times, or no events.
     pub fn new(x: &DesignMatrix, ties: Ties) -> Result<Self> {
+        Self::from_columns(x, x.column_source(), ties)
+    }
+
+    /// [`Cox::new`] on the rows of `x` and the columns `cols` (`x.columns` is not used).
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>, ties: Ties) -> Result<Self> {
         Ok(Cox {
-            model: RiskSetModel::new(x, ties, RiskSetKind::Cox, None)?,
+            model: RiskSetModel::from_columns(x, cols, ties, RiskSetKind::Cox, None)?,
         })
     }
 

@@ -16,6 +16,7 @@
 //! Zeros are dropped. Columns are ordered by covariate id, rows keep the order of the outcome
 //! records; models that need another order (Cox sorts by time) build their own permutation.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
@@ -199,17 +200,104 @@ impl DesignMatrix {
     /// [`INTERCEPT_ID`] and name `(Intercept)`.
     pub fn with_intercept(mut self) -> Self {
         let n = self.n_rows();
-        self.columns.insert(
-            0,
-            Column {
-                id: INTERCEPT_ID,
-                name: Some("(Intercept)".into()),
-                format: ColumnFormat::Dense,
-                rows: Vec::new(),
-                values: vec![1.0; n],
-            },
-        );
+        self.columns.insert(0, Column::intercept(n));
         self
+    }
+
+    /// Whether the first column is the intercept.
+    pub fn has_intercept(&self) -> bool {
+        self.columns.first().map(|c| c.id) == Some(INTERCEPT_ID)
+    }
+
+    /// Borrow every column as a [`ColumnSource`].
+    pub fn column_source(&self) -> ColumnSource<'_> {
+        ColumnSource(self.columns.iter().map(Cow::Borrowed).collect())
+    }
+
+    /// Move the columns out (leaving the row data) as an owned [`ColumnSource`].
+    pub fn take_columns(&mut self) -> ColumnSource<'static> {
+        ColumnSource(
+            std::mem::take(&mut self.columns)
+                .into_iter()
+                .map(Cow::Owned)
+                .collect(),
+        )
+    }
+
+    /// `(id, name)` of every column, in order.
+    pub fn column_labels(&self) -> Vec<ColumnLabel> {
+        self.columns
+            .iter()
+            .map(|c| ColumnLabel {
+                id: c.id,
+                name: c.display_name(),
+            })
+            .collect()
+    }
+}
+
+impl Column {
+    /// The intercept: a dense column of `n_rows` ones with id [`INTERCEPT_ID`].
+    pub fn intercept(n_rows: usize) -> Column {
+        Column {
+            id: INTERCEPT_ID,
+            name: Some("(Intercept)".into()),
+            format: ColumnFormat::Dense,
+            rows: Vec::new(),
+            values: vec![1.0; n_rows],
+        }
+    }
+}
+
+/// Id and display name of a column (what a fit result needs once the columns are gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnLabel {
+    /// Covariate id.
+    pub id: i64,
+    /// Display name ([`Column::display_name`]).
+    pub name: String,
+}
+
+/// The columns a likelihood is built from: borrowed from a [`DesignMatrix`] or owned. Owned
+/// columns are dropped one by one as the likelihood converts them, so the design's CSC storage
+/// and the likelihood's own copy never both exist in full (DESIGN.md §10).
+#[derive(Debug, Default)]
+pub struct ColumnSource<'a>(Vec<Cow<'a, Column>>);
+
+impl<'a> ColumnSource<'a> {
+    /// Number of columns.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether there are no columns.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Iterate the columns.
+    pub fn iter(&self) -> impl Iterator<Item = &Column> {
+        self.0.iter().map(|c| c.as_ref())
+    }
+    /// Put `col` in front (the intercept).
+    pub fn prepend(mut self, col: Column) -> Self {
+        self.0.insert(0, Cow::Owned(col));
+        self
+    }
+    /// Convert every column with `f`, in parallel, keeping the order; an owned column is
+    /// dropped as soon as it is converted. Deterministic: `f` sees each column alone.
+    pub fn par_map<T: Send>(self, f: impl Fn(&Column) -> T + Sync + Send) -> Vec<T> {
+        use rayon::prelude::*;
+        self.0
+            .into_par_iter()
+            .map(|c| {
+                let out = f(&c);
+                drop(c);
+                out
+            })
+            .collect()
+    }
+    /// [`Self::par_map`] on the calling thread only.
+    pub fn map<T>(self, mut f: impl FnMut(&Column) -> T) -> Vec<T> {
+        self.0.into_iter().map(|c| f(&c)).collect()
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `ties` | breslow | breslow, efron |
 
 use super::censoring::censoring_weights;
-use super::design::DesignMatrix;
+use super::design::{ColumnSource, DesignMatrix};
 use super::risk_set::{RiskSetKind, RiskSetModel};
 use super::{Likelihood, Ties};
 use crate::error::Result;
@@ -28,6 +28,11 @@ impl FineGray {
     /// Build the likelihood at β = 0. Errors on y ∉ {0, 1, 2}, counting-process rows, no events,
     /// or a competing row whose G(T−) is 0 where its weight is needed.
     pub fn new(x: &DesignMatrix, ties: Ties) -> Result<Self> {
+        Self::from_columns(x, x.column_source(), ties)
+    }
+
+    /// [`FineGray::new`] on the rows of `x` and the columns `cols` (`x.columns` is not used).
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>, ties: Ties) -> Result<Self> {
         let r = &x.rows;
         let computed;
         let censor: &[f64] = match &r.censor_weight {
@@ -38,7 +43,7 @@ impl FineGray {
             }
         };
         Ok(FineGray {
-            model: RiskSetModel::new(x, ties, RiskSetKind::FineGray, Some(censor))?,
+            model: RiskSetModel::from_columns(x, cols, ties, RiskSetKind::FineGray, Some(censor))?,
         })
     }
 

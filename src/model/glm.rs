@@ -18,7 +18,7 @@
 
 use rayon::prelude::*;
 
-use super::design::DesignMatrix;
+use super::design::{ColumnSource, DesignMatrix};
 use super::sccs::{internal_entries, ordered_sum2, ConditionalPoisson, CHUNK_ENTRIES, DROPPED};
 use super::Likelihood;
 use crate::error::{Error, Result};
@@ -60,7 +60,7 @@ struct RowGlm {
 }
 
 impl RowGlm {
-    fn new(x: &DesignMatrix, family: Family) -> Result<Self> {
+    fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
         let n = x.n_rows();
         for i in 0..n {
@@ -93,14 +93,10 @@ impl RowGlm {
             pos_of_row[i as usize] = p as u32;
         }
         let permute = |v: &[f64]| order.iter().map(|&i| v[i as usize]).collect::<Vec<f64>>();
-        let cols = x
-            .columns
-            .iter()
-            .map(|c| {
-                let (pos, val) = internal_entries(c, &pos_of_row);
-                GlmColumn { pos, val }
-            })
-            .collect::<Vec<_>>();
+        let cols = cols.map(|c| {
+            let (pos, val) = internal_entries(c, &pos_of_row);
+            GlmColumn { pos, val }
+        });
         let mut me = RowGlm {
             family,
             w: r.weight.as_deref().map(permute),
@@ -286,7 +282,12 @@ pub struct Logistic(RowGlm);
 impl Logistic {
     /// Build from a design matrix (add the intercept column first if wanted).
     pub fn new(x: &DesignMatrix) -> Result<Self> {
-        RowGlm::new(x, Family::Logistic).map(Logistic)
+        Self::from_columns(x, x.column_source())
+    }
+
+    /// [`Logistic::new`] on the rows of `x` and the columns `cols` (`x.columns` is not used).
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
+        RowGlm::new(x, cols, Family::Logistic).map(Logistic)
     }
 }
 
@@ -300,7 +301,12 @@ pub struct Poisson(RowGlm);
 impl Poisson {
     /// Build from a design matrix (add the intercept column first if wanted).
     pub fn new(x: &DesignMatrix) -> Result<Self> {
-        RowGlm::new(x, Family::Poisson).map(Poisson)
+        Self::from_columns(x, x.column_source())
+    }
+
+    /// [`Poisson::new`] on the rows of `x` and the columns `cols` (`x.columns` is not used).
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
+        RowGlm::new(x, cols, Family::Poisson).map(Poisson)
     }
 }
 
@@ -319,7 +325,12 @@ pub struct ConditionalLogistic(ConditionalPoisson);
 impl ConditionalLogistic {
     /// Build from a design matrix (strata = `rows.stratum`; `time` is ignored).
     pub fn new(x: &DesignMatrix) -> Result<Self> {
-        ConditionalPoisson::with_unit_time(x).map(ConditionalLogistic)
+        Self::from_columns(x, x.column_source())
+    }
+
+    /// [`ConditionalLogistic::new`] on the rows of `x` and the columns `cols`.
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
+        ConditionalPoisson::with_unit_time(x, cols).map(ConditionalLogistic)
     }
 }
 

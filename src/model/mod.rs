@@ -210,13 +210,38 @@ pub fn cpu_likelihood(
     x: &DesignMatrix,
     opts: LikelihoodOptions,
 ) -> Result<Box<dyn Likelihood>> {
+    cpu_likelihood_from(kind, x, x.column_source(), opts)
+}
+
+/// [`cpu_likelihood`] consuming the design matrix: each column is dropped as soon as the
+/// likelihood has its own copy, and the row data when the likelihood is built, so peak memory
+/// stays near one copy of the columns (DESIGN.md §10).
+pub fn cpu_likelihood_owned(
+    kind: ModelKind,
+    mut x: DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    let cols = x.take_columns();
+    cpu_likelihood_from(kind, &x, cols, opts)
+}
+
+/// Build the CPU likelihood of `kind` from the row data of `x` and the columns `cols`
+/// (`x.columns` is not used; it may have been taken).
+pub fn cpu_likelihood_from(
+    kind: ModelKind,
+    x: &DesignMatrix,
+    cols: design::ColumnSource<'_>,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
     kind.check_rows(x)?;
     Ok(match kind {
-        ModelKind::ConditionalPoisson => Box::new(sccs::ConditionalPoisson::new(x)?),
-        ModelKind::Cox => Box::new(cox::Cox::new(x, opts.ties)?),
-        ModelKind::FineGray => Box::new(fine_gray::FineGray::new(x, opts.ties)?),
-        ModelKind::Logistic => Box::new(glm::Logistic::new(x)?),
-        ModelKind::Poisson => Box::new(glm::Poisson::new(x)?),
-        ModelKind::ConditionalLogistic => Box::new(glm::ConditionalLogistic::new(x)?),
+        ModelKind::ConditionalPoisson => Box::new(sccs::ConditionalPoisson::from_columns(x, cols)?),
+        ModelKind::Cox => Box::new(cox::Cox::from_columns(x, cols, opts.ties)?),
+        ModelKind::FineGray => Box::new(fine_gray::FineGray::from_columns(x, cols, opts.ties)?),
+        ModelKind::Logistic => Box::new(glm::Logistic::from_columns(x, cols)?),
+        ModelKind::Poisson => Box::new(glm::Poisson::from_columns(x, cols)?),
+        ModelKind::ConditionalLogistic => {
+            Box::new(glm::ConditionalLogistic::from_columns(x, cols)?)
+        }
     })
 }

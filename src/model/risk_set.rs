@@ -37,7 +37,7 @@
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
 //! threads.
 
-use super::design::{ColumnFormat, DesignMatrix};
+use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
 use super::Ties;
 use crate::error::{Error, Result};
 
@@ -162,6 +162,18 @@ impl RiskSetModel {
     /// Build the model. `censor` (Fine–Gray only) is G(T_i−) per input row.
     pub fn new(
         x: &DesignMatrix,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        Self::from_columns(x, x.column_source(), ties, kind, censor)
+    }
+
+    /// [`RiskSetModel::new`] on the rows of `x` and the columns `cols` (`x.columns` is not
+    /// used; owned columns are dropped as they are converted).
+    pub fn from_columns(
+        x: &DesignMatrix,
+        cols: ColumnSource<'_>,
         ties: Ties,
         kind: RiskSetKind,
         censor: Option<&[f64]>,
@@ -409,10 +421,7 @@ impl RiskSetModel {
             col
         };
         // Independent per column, so the result does not depend on the thread count.
-        let cols: Vec<SortedColumn> = {
-            use rayon::prelude::*;
-            x.columns.par_iter().map(sort_column).collect()
-        };
+        let cols: Vec<SortedColumn> = cols.par_map(sort_column);
 
         let efron_group: Vec<bool> = g_count
             .iter()

@@ -50,7 +50,7 @@
 
 use rayon::prelude::*;
 
-use super::design::{Column, ColumnFormat, DesignMatrix};
+use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix};
 use super::Likelihood;
 use crate::error::{Error, Result};
 
@@ -336,16 +336,22 @@ pub struct ConditionalPoisson {
 impl ConditionalPoisson {
     /// Build from a design matrix (strata = `rows.stratum`, t = `rows.time`).
     pub fn new(x: &DesignMatrix) -> Result<Self> {
-        Self::build(x, false)
+        Self::build(x, x.column_source(), false)
+    }
+
+    /// [`ConditionalPoisson::new`] on the rows of `x` and the columns `cols` (`x.columns` is
+    /// not used; owned columns are dropped as they are converted).
+    pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
+        Self::build(x, cols, false)
     }
 
     /// Build with every t_k = 1 (conditional logistic regression; see
     /// [`crate::model::glm::ConditionalLogistic`]).
-    pub(crate) fn with_unit_time(x: &DesignMatrix) -> Result<Self> {
-        Self::build(x, true)
+    pub(crate) fn with_unit_time(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
+        Self::build(x, cols, true)
     }
 
-    fn build(x: &DesignMatrix, unit_time: bool) -> Result<Self> {
+    fn build(x: &DesignMatrix, cols: ColumnSource<'_>, unit_time: bool) -> Result<Self> {
         let r = &x.rows;
         let n_rows = x.n_rows();
         let bad = |i: usize, column: &str, message: String| Error::BadValue {
@@ -387,7 +393,7 @@ impl ConditionalPoisson {
             kept.sort_unstable_by_key(|&i| key(i));
         }
         let mut covered = vec![false; n_rows];
-        for c in &x.columns {
+        for c in cols.iter() {
             for (i, v) in c.entries() {
                 if v != 0.0 {
                     covered[i] = true;
@@ -434,14 +440,10 @@ impl ConditionalPoisson {
         }
         stratum_start.push(t.len() as u32);
         // Columns are independent: convert them in parallel (each result is deterministic).
-        let cols = x
-            .columns
-            .par_iter()
-            .map(|c| {
-                let (pos, val) = internal_entries(c, &pos_of_row);
-                StratumColumn::new(pos, val, &row_stratum, &y)
-            })
-            .collect::<Vec<_>>();
+        let cols = cols.par_map(|c| {
+            let (pos, val) = internal_entries(c, &pos_of_row);
+            StratumColumn::new(pos, val, &row_stratum, &y)
+        });
         let mut me = ConditionalPoisson {
             te: t.clone(),
             t,

@@ -2,7 +2,7 @@
 //! KKT conditions of L1 fits, a never-decreasing objective, results independent of the row
 //! order and of the thread count, option validation.
 
-use epifusion::fit::{fit, CiMethod, FitOptions, FitResult};
+use epifusion::fit::{fit, fit_owned, CiMethod, FitOptions, FitResult};
 use epifusion::model::ccd::{Convergence, FitStatus};
 use epifusion::model::design::{DesignBuilder, DesignMatrix, OutcomeRecord};
 use epifusion::model::prior::{Prior, PriorSet};
@@ -236,6 +236,28 @@ fn results_do_not_depend_on_row_order_or_threads() {
             );
             assert_eq!(base.iterations, t.iterations);
         }
+    }
+}
+
+#[test]
+fn owned_fit_matches_borrowed_fit() {
+    for model in MODELS {
+        let (o, c) = random_data(model, 300, 6, 5);
+        let mut opts = FitOptions::new(model);
+        opts.prior = Prior::Laplace { lambda: 2.0 };
+        opts.ci = CiMethod::Wald;
+        opts.threads = Some(2);
+        let x = build(&o, &c);
+        opts.exclude = vec![x.columns[1].id];
+        let borrowed = fit(&x, &opts).unwrap();
+        let owned = fit_owned(x, &opts).unwrap();
+        assert_eq!(borrowed.coefficients, owned.coefficients, "{model:?}");
+        assert_eq!(borrowed.log_likelihood, owned.log_likelihood, "{model:?}");
+        assert_eq!(borrowed.iterations, owned.iterations, "{model:?}");
+        assert_eq!(
+            (borrowed.n_rows, borrowed.n_strata),
+            (owned.n_rows, owned.n_strata)
+        );
     }
 }
 
