@@ -327,6 +327,13 @@ pub struct OutcomeRecord {
 
 /// Accumulates the long format and builds a [`DesignMatrix`].
 ///
+/// Memory: outcomes are stored column by column (no per-row records), and covariate entries go
+/// straight into per-covariate columns as u32 row indices (plus values only once a column sees
+/// a value other than 0 or 1), so the builder holds about one copy of the final CSC storage.
+/// Row ids are resolved when the entry is pushed (arithmetically for consecutive ids, by binary
+/// search for increasing ids, else through a hash map); entries whose row id is not known yet
+/// (covariates pushed before their outcome) are kept aside and resolved by [`Self::build`].
+///
 /// ```
 /// use epifusion::model::design::{DesignBuilder, OutcomeRecord};
 /// let mut b = DesignBuilder::new();
@@ -340,10 +347,174 @@ pub struct OutcomeRecord {
 /// ```
 #[derive(Debug, Default)]
 pub struct DesignBuilder {
-    outcomes: Vec<OutcomeRecord>,
-    covariates: Vec<(i64, i64, f64)>,
+    outcomes: OutcomeColumns,
+    row_lookup: RowLookup,
+    /// First row (index) whose row id repeats an earlier one.
+    first_duplicate_row: Option<usize>,
+    /// Covariate id → index into `columns`.
+    column_index: HashMap<i64, u32>,
+    columns: Vec<ColumnAcc>,
+    /// Entries whose row id was unknown when pushed: (row id, covariate id, value, push number).
+    pending: Vec<(i64, i64, f64, u64)>,
+    /// First non-finite value among entries with a known row: (push number, error).
+    first_non_finite: Option<(u64, Error)>,
+    n_pushed: u64,
     names: HashMap<i64, String>,
     drop_unknown_rows: bool,
+}
+
+/// Outcome records stored column by column.
+#[derive(Debug, Default)]
+struct OutcomeColumns {
+    row_id: Vec<i64>,
+    /// `time`, 1 when absent.
+    time: Vec<f64>,
+    y: Vec<f64>,
+    /// Dense stratum index (in order of first appearance).
+    stratum: OptionalColumn<u32>,
+    stratum_ids: Vec<i64>,
+    stratum_index: HashMap<i64, u32>,
+    weight: OptionalColumn<f64>,
+    start_time: OptionalColumn<f64>,
+    offset: OptionalColumn<f64>,
+    censor_weight: OptionalColumn<f64>,
+}
+
+/// An optional outcome field: materialized (with `default` for earlier rows) once a row has it.
+#[derive(Debug, Default)]
+struct OptionalColumn<T> {
+    values: Option<Vec<T>>,
+    /// First row without a value.
+    first_missing: Option<usize>,
+}
+
+impl<T: Copy> OptionalColumn<T> {
+    fn push(&mut self, row: usize, v: Option<T>, default: T) {
+        match v {
+            Some(v) => self
+                .values
+                .get_or_insert_with(|| vec![default; row])
+                .push(v),
+            None => {
+                self.first_missing.get_or_insert(row);
+                if let Some(values) = &mut self.values {
+                    values.push(default);
+                }
+            }
+        }
+    }
+}
+
+/// How row ids map to row indices.
+#[derive(Debug, Default)]
+enum RowLookup {
+    /// Row ids so far are `first, first + 1, …`.
+    #[default]
+    Consecutive,
+    /// Row ids so far are strictly increasing: binary search.
+    Increasing,
+    /// Anything else.
+    Hashed(HashMap<i64, u32>),
+}
+
+impl RowLookup {
+    /// Index of `row_id` in `ids` (the row ids pushed so far).
+    fn find(&self, ids: &[i64], row_id: i64) -> Option<u32> {
+        match self {
+            RowLookup::Consecutive => {
+                let k = row_id.checked_sub(*ids.first()?)?;
+                (0..ids.len() as i64).contains(&k).then_some(k as u32)
+            }
+            RowLookup::Increasing => ids.binary_search(&row_id).ok().map(|k| k as u32),
+            RowLookup::Hashed(map) => map.get(&row_id).copied(),
+        }
+    }
+}
+
+/// One covariate column being accumulated.
+#[derive(Debug)]
+struct ColumnAcc {
+    id: i64,
+    /// Row indices of the nonzero entries, in push order.
+    rows: Vec<u32>,
+    /// Values of the entries (only once a value other than 1 appeared).
+    values: Option<Vec<f64>>,
+    /// Row indices of zero entries (dropped, but they count for duplicate detection).
+    zero_rows: Vec<u32>,
+    /// `rows` is strictly increasing.
+    increasing: bool,
+}
+
+impl ColumnAcc {
+    fn push(&mut self, row: u32, v: f64) {
+        if v == 0.0 {
+            self.zero_rows.push(row);
+            return;
+        }
+        if v != 1.0 && self.values.is_none() {
+            let mut values = Vec::with_capacity(self.rows.capacity());
+            values.resize(self.rows.len(), 1.0);
+            self.values = Some(values);
+        }
+        if let Some(values) = &mut self.values {
+            values.push(v);
+        }
+        if self.rows.last().is_some_and(|&last| last >= row) {
+            self.increasing = false;
+        }
+        self.rows.push(row);
+    }
+
+    /// Sort by row, check for duplicates (zero entries included) and make the column.
+    /// Err carries the smallest duplicated row index.
+    fn finish(mut self, name: Option<String>) -> std::result::Result<Column, u32> {
+        if !self.increasing {
+            match &mut self.values {
+                None => self.rows.sort_unstable(),
+                Some(values) => {
+                    let mut pairs: Vec<(u32, f64)> = self
+                        .rows
+                        .iter()
+                        .copied()
+                        .zip(values.iter().copied())
+                        .collect();
+                    pairs.sort_unstable_by_key(|e| e.0);
+                    for (k, (r, v)) in pairs.into_iter().enumerate() {
+                        self.rows[k] = r;
+                        values[k] = v;
+                    }
+                }
+            }
+            if let Some(w) = self.rows.windows(2).find(|w| w[0] == w[1]) {
+                // Also a zero entry could be a smaller duplicate: fall through to the merge.
+                if self.zero_rows.is_empty() {
+                    return Err(w[0]);
+                }
+            }
+        }
+        if !self.zero_rows.is_empty() {
+            let mut all: Vec<u32> = self.rows.iter().chain(&self.zero_rows).copied().collect();
+            all.sort_unstable();
+            if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+                return Err(w[0]);
+            }
+        }
+        self.rows.shrink_to_fit();
+        let (format, values) = match self.values {
+            Some(mut v) => {
+                v.shrink_to_fit();
+                (ColumnFormat::Sparse, v)
+            }
+            None => (ColumnFormat::Indicator, Vec::new()),
+        };
+        Ok(Column {
+            id: self.id,
+            name,
+            format,
+            rows: self.rows,
+            values,
+        })
+    }
 }
 
 impl DesignBuilder {
@@ -359,19 +530,104 @@ impl DesignBuilder {
     }
     /// Add one outcome row.
     pub fn push_outcome(&mut self, rec: OutcomeRecord) {
-        self.outcomes.push(rec);
+        let o = &mut self.outcomes;
+        let i = o.row_id.len();
+        // Row lookup (and duplicate detection, reported by `build` in row order).
+        let prev = o.row_id.last().copied();
+        match &mut self.row_lookup {
+            RowLookup::Consecutive | RowLookup::Increasing
+                if prev.is_none_or(|p| p < rec.row_id) =>
+            {
+                let consecutive = prev.is_none_or(|p| p.checked_add(1) == Some(rec.row_id));
+                if !consecutive {
+                    self.row_lookup = RowLookup::Increasing;
+                }
+            }
+            RowLookup::Hashed(map) => {
+                if map.insert(rec.row_id, i as u32).is_some() {
+                    self.first_duplicate_row.get_or_insert(i);
+                }
+            }
+            _ => {
+                // Out of order: switch to a hash map over the (distinct, increasing) ids so far.
+                let mut map: HashMap<i64, u32> = o
+                    .row_id
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &id)| (id, k as u32))
+                    .collect();
+                if map.insert(rec.row_id, i as u32).is_some() {
+                    self.first_duplicate_row.get_or_insert(i);
+                }
+                self.row_lookup = RowLookup::Hashed(map);
+            }
+        }
+        o.row_id.push(rec.row_id);
+        o.time.push(rec.time.unwrap_or(1.0));
+        o.y.push(rec.y);
+        let stratum = rec.stratum_id.map(|id| {
+            let next = o.stratum_index.len() as u32;
+            *o.stratum_index.entry(id).or_insert_with(|| {
+                o.stratum_ids.push(id);
+                next
+            })
+        });
+        o.stratum.push(i, stratum, 0);
+        o.weight.push(i, rec.weight, 1.0);
+        o.start_time.push(i, rec.start_time, 0.0);
+        o.offset.push(i, rec.offset, 0.0);
+        o.censor_weight.push(i, rec.censor_weight, 1.0);
     }
-    /// Add one covariate entry. Zero values are skipped at build time.
+
+    /// Row index of `row_id` among the outcomes pushed so far.
+    fn row_of(&self, row_id: i64) -> Option<u32> {
+        self.row_lookup.find(&self.outcomes.row_id, row_id)
+    }
+
+    /// Add one covariate entry. Zero values are dropped (after the duplicate check).
     pub fn push_covariate(&mut self, row_id: i64, covariate_id: i64, value: f64) {
-        self.covariates.push((row_id, covariate_id, value));
+        let seq = self.n_pushed;
+        self.n_pushed += 1;
+        match self.row_of(row_id) {
+            Some(row) => self.add_entry(seq, row, row_id, covariate_id, value),
+            None => self.pending.push((row_id, covariate_id, value, seq)),
+        }
     }
+
+    fn add_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
+        if !value.is_finite() {
+            if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
+                let e = Error::BadValue {
+                    row: row as usize,
+                    row_id,
+                    column: "covariate_value".into(),
+                    message: format!("covariate {covariate_id} has non-finite value {value}"),
+                };
+                self.first_non_finite = Some((seq, e));
+            }
+            return;
+        }
+        let next = self.columns.len() as u32;
+        let k = *self.column_index.entry(covariate_id).or_insert(next);
+        if k == next {
+            self.columns.push(ColumnAcc {
+                id: covariate_id,
+                rows: Vec::new(),
+                values: None,
+                zero_rows: Vec::new(),
+                increasing: true,
+            });
+        }
+        self.columns[k as usize].push(row, value);
+    }
+
     /// Give a covariate a display name.
     pub fn name_covariate(&mut self, covariate_id: i64, name: impl Into<String>) {
         self.names.insert(covariate_id, name.into());
     }
     /// Number of outcome rows so far.
     pub fn n_outcomes(&self) -> usize {
-        self.outcomes.len()
+        self.outcomes.row_id.len()
     }
 
     /// Validate and build. Checks: at least one row; unique row ids; finite `time`, `y`,
@@ -379,149 +635,102 @@ impl DesignBuilder {
     /// covariate values; no duplicate (row_id, covariate_id); covariate row ids known (or
     /// dropped with a count). Model-specific checks (time > 0, y domain) are done by
     /// [`crate::model::ModelKind::check_rows`].
-    pub fn build(self) -> Result<DesignMatrix> {
-        let n = self.outcomes.len();
+    pub fn build(mut self) -> Result<DesignMatrix> {
+        let o = std::mem::take(&mut self.outcomes);
+        let n = o.row_id.len();
         if n == 0 {
             return Err(Error::Empty("no outcome rows".into()));
         }
         if n > u32::MAX as usize {
             return Err(Error::Empty("more than 2^32 rows are not supported".into()));
         }
-        let any = |f: fn(&OutcomeRecord) -> bool| self.outcomes.iter().any(f);
-        let all = |f: fn(&OutcomeRecord) -> bool| self.outcomes.iter().all(f);
-        let has_strata = any(|r| r.stratum_id.is_some());
-        let has_weight = any(|r| r.weight.is_some());
-        let has_start = any(|r| r.start_time.is_some());
-        let has_offset = any(|r| r.offset.is_some());
-        let has_cw = any(|r| r.censor_weight.is_some());
-        if has_strata && !all(|r| r.stratum_id.is_some()) {
-            let (i, r) = first(&self.outcomes, |r| r.stratum_id.is_none());
-            return Err(bad(
-                i,
-                r.row_id,
-                "stratum_id",
-                "is NULL while other rows have a stratum",
-            ));
-        }
-        if has_start && !all(|r| r.start_time.is_some()) {
-            let (i, r) = first(&self.outcomes, |r| r.start_time.is_none());
-            return Err(bad(
-                i,
-                r.row_id,
-                "start_time",
-                "is NULL while other rows have one",
-            ));
-        }
-        if has_cw && !all(|r| r.censor_weight.is_some()) {
-            let (i, r) = first(&self.outcomes, |r| r.censor_weight.is_none());
-            return Err(bad(
-                i,
-                r.row_id,
-                "censor_weight",
-                "is NULL while other rows have one",
-            ));
-        }
-
-        let mut rows = Rows {
-            row_id: Vec::with_capacity(n),
-            stratum: Vec::with_capacity(n),
-            has_strata,
-            time: Vec::with_capacity(n),
-            y: Vec::with_capacity(n),
-            ..Default::default()
+        let mixed = |c: Option<usize>, column: &str, what: &str| match c {
+            Some(i) => Err(bad(i, o.row_id[i], column, what)),
+            None => Ok(()),
         };
-        let mut weight = Vec::new();
-        let mut start = Vec::new();
-        let mut offset = Vec::new();
-        let mut cw = Vec::new();
-        let mut stratum_index: HashMap<i64, u32> = HashMap::new();
-        let mut row_index: HashMap<i64, u32> = HashMap::with_capacity(n);
-        for (i, r) in self.outcomes.iter().enumerate() {
-            if row_index.insert(r.row_id, i as u32).is_some() {
-                return Err(Error::DuplicateRow { row_id: r.row_id });
+        let present = |v: bool, c: Option<usize>| if v { c } else { None };
+        mixed(
+            present(o.stratum.values.is_some(), o.stratum.first_missing),
+            "stratum_id",
+            "is NULL while other rows have a stratum",
+        )?;
+        mixed(
+            present(o.start_time.values.is_some(), o.start_time.first_missing),
+            "start_time",
+            "is NULL while other rows have one",
+        )?;
+        mixed(
+            present(
+                o.censor_weight.values.is_some(),
+                o.censor_weight.first_missing,
+            ),
+            "censor_weight",
+            "is NULL while other rows have one",
+        )?;
+        for i in 0..n {
+            let row_id = o.row_id[i];
+            if self.first_duplicate_row == Some(i) {
+                return Err(Error::DuplicateRow { row_id });
             }
-            let time = r.time.unwrap_or(1.0);
-            finite(i, r.row_id, "time", time)?;
-            finite(i, r.row_id, "y", r.y)?;
-            rows.row_id.push(r.row_id);
-            rows.time.push(time);
-            rows.y.push(r.y);
-            let s = match r.stratum_id {
-                Some(id) => {
-                    let next = stratum_index.len() as u32;
-                    *stratum_index.entry(id).or_insert_with(|| {
-                        rows.stratum_ids.push(id);
-                        next
-                    })
-                }
-                None => 0,
-            };
-            rows.stratum.push(s);
-            if has_weight {
-                let w = r.weight.unwrap_or(1.0);
-                finite(i, r.row_id, "weight", w)?;
+            let time = o.time[i];
+            finite(i, row_id, "time", time)?;
+            finite(i, row_id, "y", o.y[i])?;
+            if let Some(w) = &o.weight.values {
+                let w = w[i];
+                finite(i, row_id, "weight", w)?;
                 if w < 0.0 {
-                    return Err(bad(i, r.row_id, "weight", format!("is negative ({w})")));
+                    return Err(bad(i, row_id, "weight", format!("is negative ({w})")));
                 }
-                weight.push(w);
             }
-            if has_start {
-                let s = r.start_time.unwrap_or(0.0);
-                finite(i, r.row_id, "start_time", s)?;
+            if let Some(st) = &o.start_time.values {
+                let s = st[i];
+                finite(i, row_id, "start_time", s)?;
                 if s >= time {
                     return Err(bad(
                         i,
-                        r.row_id,
+                        row_id,
                         "start_time",
                         format!("({s}) is not before time ({time})"),
                     ));
                 }
-                start.push(s);
             }
-            if has_offset {
-                let o = r.offset.unwrap_or(0.0);
-                finite(i, r.row_id, "offset", o)?;
-                offset.push(o);
+            if let Some(off) = &o.offset.values {
+                finite(i, row_id, "offset", off[i])?;
             }
-            if has_cw {
-                let c = r.censor_weight.unwrap_or(1.0);
-                finite(i, r.row_id, "censor_weight", c)?;
+            if let Some(cw) = &o.censor_weight.values {
+                let c = cw[i];
+                finite(i, row_id, "censor_weight", c)?;
                 if !(c > 0.0 && c <= 1.0) {
                     return Err(bad(
                         i,
-                        r.row_id,
+                        row_id,
                         "censor_weight",
                         format!("({c}) is not in (0, 1]"),
                     ));
                 }
-                cw.push(c);
             }
         }
-        if !has_strata {
-            rows.stratum_ids.push(0);
-        }
-        rows.weight = has_weight.then_some(weight);
-        rows.start_time = has_start.then_some(start);
-        rows.offset = has_offset.then_some(offset);
-        rows.censor_weight = has_cw.then_some(cw);
+        let has_strata = o.stratum.values.is_some();
+        let rows = Rows {
+            stratum: o.stratum.values.unwrap_or_else(|| vec![0; n]),
+            stratum_ids: if has_strata { o.stratum_ids } else { vec![0] },
+            has_strata,
+            time: o.time,
+            start_time: o.start_time.values,
+            y: o.y,
+            weight: o.weight.values,
+            offset: o.offset.values,
+            censor_weight: o.censor_weight.values,
+            row_id: o.row_id,
+        };
 
-        // Covariates: map to row indices, sort by (covariate, row), detect duplicates.
-        let mut entries: Vec<(i64, u32, f64)> = Vec::with_capacity(self.covariates.len());
+        // Entries pushed before their outcome row.
         let mut unknown = 0usize;
         let mut first_unknown = 0i64;
-        for &(row_id, cov, v) in &self.covariates {
-            match row_index.get(&row_id) {
-                Some(&ri) => {
-                    if !v.is_finite() {
-                        return Err(Error::BadValue {
-                            row: ri as usize,
-                            row_id,
-                            column: "covariate_value".into(),
-                            message: format!("covariate {cov} has non-finite value {v}"),
-                        });
-                    }
-                    entries.push((cov, ri, v));
-                }
+        let pending = std::mem::take(&mut self.pending);
+        for &(row_id, cov, v, seq) in &pending {
+            match self.row_lookup.find(&rows.row_id, row_id) {
+                Some(row) => self.add_entry(seq, row, row_id, cov, v),
                 None => {
                     if unknown == 0 {
                         first_unknown = row_id;
@@ -530,51 +739,34 @@ impl DesignBuilder {
                 }
             }
         }
+        drop(pending);
+        if let Some((_, e)) = self.first_non_finite {
+            return Err(e);
+        }
         if unknown > 0 && !self.drop_unknown_rows {
             return Err(Error::UnknownRow {
                 count: unknown,
                 first_row_id: first_unknown,
             });
         }
-        entries.sort_unstable_by_key(|&(c, r, _)| (c, r));
-        let mut columns: Vec<Column> = Vec::new();
-        let mut k = 0;
-        while k < entries.len() {
-            let cov = entries[k].0;
-            let mut end = k;
-            while end < entries.len() && entries[end].0 == cov {
-                end += 1;
-            }
-            let slice = &entries[k..end];
-            for w in slice.windows(2) {
-                if w[0].1 == w[1].1 {
+        drop(self.row_lookup);
+
+        // Columns in covariate-id order.
+        let mut accs = self.columns;
+        accs.sort_unstable_by_key(|c| c.id);
+        let mut columns: Vec<Column> = Vec::with_capacity(accs.len());
+        for acc in accs {
+            let id = acc.id;
+            let name = self.names.get(&id).cloned();
+            match acc.finish(name) {
+                Ok(col) => columns.push(col),
+                Err(row) => {
                     return Err(Error::DuplicateCovariate {
-                        row_id: rows.row_id[w[0].1 as usize],
-                        covariate_id: cov,
-                    });
+                        row_id: rows.row_id[row as usize],
+                        covariate_id: id,
+                    })
                 }
             }
-            let indicator = slice.iter().all(|e| e.2 == 1.0 || e.2 == 0.0);
-            let kept = slice.iter().filter(|e| e.2 != 0.0);
-            let mut col = Column {
-                id: cov,
-                name: self.names.get(&cov).cloned(),
-                format: if indicator {
-                    ColumnFormat::Indicator
-                } else {
-                    ColumnFormat::Sparse
-                },
-                rows: Vec::new(),
-                values: Vec::new(),
-            };
-            for e in kept {
-                col.rows.push(e.1);
-                if !indicator {
-                    col.values.push(e.2);
-                }
-            }
-            columns.push(col);
-            k = end;
         }
         // Named covariates with no entries still get an (empty) column so the user sees them.
         for (&id, name) in &self.names {
@@ -598,13 +790,6 @@ impl DesignBuilder {
             dropped_unknown: unknown,
         })
     }
-}
-
-fn first(v: &[OutcomeRecord], f: fn(&OutcomeRecord) -> bool) -> (usize, &OutcomeRecord) {
-    v.iter()
-        .enumerate()
-        .find(|(_, r)| f(r))
-        .expect("caller checked that a match exists")
 }
 
 fn bad(row: usize, row_id: i64, column: &str, message: impl Into<String>) -> Error {
@@ -700,5 +885,128 @@ mod tests {
         b.push_outcome(rec(1, 1.0, 1.0));
         b.push_outcome(rec(1, 1.0, 1.0));
         assert!(matches!(b.build(), Err(Error::DuplicateRow { row_id: 1 })));
+    }
+
+    /// Every order of pushing (covariates before or after their outcomes, increasing,
+    /// consecutive or shuffled row ids) builds the same matrix.
+    #[test]
+    fn push_order_does_not_matter() {
+        let ids = [5i64, 6, 7, 9, 12, 40, 41];
+        let entries: Vec<(i64, i64, f64)> = ids
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &r)| {
+                [
+                    (r, 3, 1.0),
+                    (r, 8, if k % 2 == 0 { 1.0 } else { 0.0 }),
+                    (r, 2, k as f64 - 2.0),
+                ]
+            })
+            .collect();
+        let build = |out: &[i64], covs: &[(i64, i64, f64)], covs_first: bool| {
+            let mut b = DesignBuilder::new();
+            if covs_first {
+                for &(r, c, v) in covs {
+                    b.push_covariate(r, c, v);
+                }
+            }
+            for &r in out {
+                b.push_outcome(rec(r, r as f64, 1.0));
+            }
+            if !covs_first {
+                for &(r, c, v) in covs {
+                    b.push_covariate(r, c, v);
+                }
+            }
+            b.build().unwrap()
+        };
+        let reference = build(&ids, &entries, false);
+        assert_eq!(reference.columns.len(), 3);
+        assert_eq!(reference.columns[0].format, ColumnFormat::Sparse);
+        assert_eq!(reference.columns[0].rows, vec![0, 1, 3, 4, 5, 6]);
+        assert_eq!(
+            reference.columns[0].values,
+            vec![-2.0, -1.0, 1.0, 2.0, 3.0, 4.0]
+        );
+        assert_eq!(reference.columns[2].format, ColumnFormat::Indicator);
+        assert_eq!(reference.columns[2].rows, vec![0, 2, 4, 6]);
+        let mut rev = entries.clone();
+        rev.reverse();
+        for covs_first in [false, true] {
+            for covs in [&entries, &rev] {
+                let x = build(&ids, covs, covs_first);
+                for (a, b) in x.columns.iter().zip(&reference.columns) {
+                    assert_eq!(
+                        (a.id, a.format, &a.rows, &a.values),
+                        (b.id, b.format, &b.rows, &b.values)
+                    );
+                }
+            }
+        }
+        // Shuffled row ids: rows keep the outcome order.
+        let shuffled = [41i64, 5, 12, 6, 40, 9, 7];
+        let x = build(&shuffled, &entries, false);
+        let y = build(&shuffled, &rev, true);
+        assert_eq!(x.rows.row_id, shuffled);
+        assert_eq!(x.columns[2].rows, vec![0, 1, 2, 6]);
+        for (a, b) in x.columns.iter().zip(&y.columns) {
+            assert_eq!((a.id, &a.rows, &a.values), (b.id, &b.rows, &b.values));
+        }
+    }
+
+    #[test]
+    fn errors_keep_their_precedence() {
+        // A zero entry still makes a duplicate.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(2, 1.0, 1.0));
+        b.push_covariate(2, 5, 1.0);
+        b.push_covariate(2, 5, 0.0);
+        assert!(matches!(
+            b.build(),
+            Err(Error::DuplicateCovariate {
+                row_id: 2,
+                covariate_id: 5
+            })
+        ));
+        // The first non-finite value in push order wins over unknown rows and duplicates,
+        // also when it was pushed before its outcome.
+        let mut b = DesignBuilder::new();
+        b.push_covariate(2, 5, f64::NAN);
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_covariate(1, 5, f64::INFINITY);
+        b.push_covariate(1, 6, 1.0);
+        b.push_covariate(1, 6, 1.0);
+        b.push_covariate(9, 6, 1.0);
+        b.push_outcome(rec(2, 1.0, 1.0));
+        let e = b.build().unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::BadValue {
+                    row: 1,
+                    row_id: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Outcome errors come first, in row order; duplicate row ids out of order are found.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(3, 1.0, 1.0));
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(3, 1.0, 1.0));
+        b.push_outcome(rec(4, f64::NAN, 1.0));
+        b.push_covariate(7, 1, f64::NAN);
+        assert!(matches!(b.build(), Err(Error::DuplicateRow { row_id: 3 })));
+        // Mixed strata name the first row without one.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(OutcomeRecord {
+            stratum_id: Some(4),
+            ..rec(2, 1.0, 1.0)
+        });
+        let e = b.build().unwrap_err().to_string();
+        assert!(e.contains("row_id 1") && e.contains("stratum_id"), "{e}");
     }
 }
