@@ -98,7 +98,7 @@ pub struct RiskSetModel {
     event: Vec<bool>,
     /// 1/G(T_k−) for competing rows, 0 otherwise (Fine–Gray only).
     inv_g: Vec<f64>,
-    /// Offset per sorted row.
+    /// Offset per sorted row; empty without offsets.
     offset: Vec<f64>,
     // ---- strata ----
     /// Group range of each stratum.
@@ -270,7 +270,11 @@ impl RiskSetModel {
         // Groups and entry positions.
         let mut info = vec![RowInfo::default(); n];
         let mut w = vec![0.0; n];
-        let mut offset = vec![0.0; n];
+        let mut offset = if r.offset.is_some() {
+            vec![0.0; n]
+        } else {
+            Vec::new()
+        };
         let mut event = vec![false; n];
         let mut s_start = vec![0u32; n_strata];
         let mut s_end = vec![0u32; n_strata];
@@ -297,7 +301,9 @@ impl RiskSetModel {
                 {
                     let o = order[k] as usize;
                     w[k] = x.weight(o);
-                    offset[k] = x.offset(o);
+                    if let Some(off) = &r.offset {
+                        offset[k] = off[o];
+                    }
                     if r.y[o] == 1.0 {
                         event[k] = true;
                         weight += w[k];
@@ -497,7 +503,7 @@ impl RiskSetModel {
             },
         };
         m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
-        m.event_offset_sum = (0..n)
+        m.event_offset_sum = (0..m.offset.len())
             .filter(|&k| m.event[k])
             .map(|k| m.w[k] * m.offset[k])
             .sum();
@@ -564,7 +570,11 @@ impl RiskSetModel {
     pub fn set_beta(&mut self, beta: &[f64]) {
         let p = self.cols.len().min(beta.len());
         self.beta[..p].copy_from_slice(&beta[..p]);
-        self.eta.copy_from_slice(&self.offset);
+        if self.offset.is_empty() {
+            self.eta.fill(0.0);
+        } else {
+            self.eta.copy_from_slice(&self.offset);
+        }
         for (col, &b) in self.cols.iter().zip(&self.beta) {
             if b == 0.0 {
                 continue;

@@ -380,18 +380,32 @@ impl ConditionalPoisson {
                 .unwrap_or(0)
         };
         let key = |i: u32| (stratum_key(i as usize), r.row_id[i as usize]);
-        let mut kept: Vec<u32> = (0..n_rows as u32)
-            .filter(|&i| {
-                let i = i as usize;
-                x.weight(i) > 0.0 && n_in[r.stratum[i] as usize] > 0.0
-            })
-            .collect();
-        if kept.is_empty() {
+        let keep = |i: usize| x.weight(i) > 0.0 && n_in[r.stratum[i] as usize] > 0.0;
+        // Kept rows in (stratum id, row id) order; only materialized when the input is not
+        // already in that order (it usually is).
+        let mut n_kept = 0usize;
+        let mut in_order = true;
+        let mut last = None;
+        for i in (0..n_rows).filter(|&i| keep(i)) {
+            n_kept += 1;
+            let k = key(i as u32);
+            in_order &= last.is_none_or(|l| l < k);
+            last = Some(k);
+        }
+        if n_kept == 0 {
             return Err(Error::Empty("no stratum has an event (all n_s = 0)".into()));
         }
-        if !kept.windows(2).all(|w| key(w[0]) < key(w[1])) {
-            kept.sort_unstable_by_key(|&i| key(i));
-        }
+        let sorted_kept: Option<Vec<u32>> = (!in_order).then(|| {
+            let mut v: Vec<u32> = (0..n_rows as u32).filter(|&i| keep(i as usize)).collect();
+            v.sort_unstable_by_key(|&i| key(i));
+            v
+        });
+        let kept = || -> Box<dyn Iterator<Item = usize> + '_> {
+            match &sorted_kept {
+                Some(v) => Box::new(v.iter().map(|&i| i as usize)),
+                None => Box::new((0..n_rows).filter(move |&i| keep(i))),
+            }
+        };
         let mut covered = vec![false; n_rows];
         for c in cols.iter() {
             for (i, v) in c.entries() {
@@ -401,18 +415,18 @@ impl ConditionalPoisson {
             }
         }
 
+        let n_covered = kept().filter(|&i| covered[i]).count();
         let mut pos_of_row = vec![DROPPED; n_rows];
-        let mut t = Vec::new();
-        let mut y = Vec::new();
-        let mut row_stratum = Vec::new();
+        let mut t = Vec::with_capacity(n_covered);
+        let mut y = Vec::with_capacity(n_covered);
+        let mut row_stratum = Vec::with_capacity(n_covered);
         let mut stratum_start = Vec::new();
         let mut base = Vec::new();
         let mut n = Vec::new();
-        let mut offset = r.offset.as_ref().map(|_| Vec::new());
+        let mut offset = r.offset.as_ref().map(|_| Vec::with_capacity(n_covered));
         let mut y_offset = 0.0;
         let mut last_stratum = u32::MAX;
-        for &i in &kept {
-            let i = i as usize;
+        for i in kept() {
             let w = x.weight(i);
             let yi = w * r.y[i];
             let ti = w * if unit_time { 1.0 } else { r.time[i] };
@@ -452,7 +466,7 @@ impl ConditionalPoisson {
             stratum_start,
             base,
             nd: n.into_iter().map(|ns| [ns, 0.0]).collect(),
-            n_kept_rows: kept.len(),
+            n_kept_rows: n_kept,
             beta: vec![0.0; cols.len()],
             cols,
         };
