@@ -141,6 +141,9 @@ struct BenchArgs {
     /// Threads [1].
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Ties for cox / fine_gray: breslow or efron.
+    #[arg(long, default_value = "breslow", value_parser = parse_ties)]
+    ties: Ties,
     /// Stopping rule: objective or gradient.
     #[arg(long, default_value = "objective", value_parser = parse_convergence)]
     convergence: Convergence,
@@ -165,7 +168,23 @@ struct BenchArgs {
     json: bool,
 }
 
+/// glibc gives each thread its own malloc arena, so the memory the main thread frees while a
+/// rayon worker builds the likelihood (the loaded design's columns, dropped one by one) is not
+/// reused by that worker, and peak RSS holds both copies. One arena keeps the peak near one
+/// copy (DESIGN.md §10); fits allocate little after setup, so the shared lock costs nothing.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn use_one_malloc_arena() {
+    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn use_one_malloc_arena() {}
+
 fn main() {
+    use_one_malloc_arena();
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Fit(a) => run_fit(&a),
@@ -377,18 +396,26 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         "rows_with_events": design.rows.y.iter().filter(|&&y| y > 0.0).count(),
         "data_seconds": data_seconds,
         "lambda": lambda,
+        "ties": format!("{:?}", a.ties).to_lowercase(),
         "threads": a.threads,
     });
     if !a.generate_only {
         let mut opts = FitOptions::new(a.model);
         opts.prior = Prior::Laplace { lambda };
+        opts.ties = a.ties;
         opts.ccd.tolerance = a.tolerance;
         opts.ccd.convergence = a.convergence;
         opts.ci = CiMethod::None;
         opts.threads = Some(a.threads);
         opts.device = a.device;
+        let cpu_before = bench::cpu_seconds();
         let r = fit_owned(design, &opts)?;
         let fit_seconds = r.fit_seconds;
+        // Building the likelihood (sorting the columns etc.) is the rest of the wall time.
+        out["setup_seconds"] = (r.seconds - fit_seconds).into();
+        if let (Some(a), Some(b)) = (cpu_before, bench::cpu_seconds()) {
+            out["cpu_seconds"] = (b - a).into();
+        }
         let l1: f64 = r.coefficients.iter().map(|c| c.estimate.abs()).sum();
         let nonzero = r.coefficients.iter().filter(|c| c.estimate != 0.0).count();
         out["fit_seconds"] = fit_seconds.into();
@@ -451,7 +478,13 @@ fn print_bench_text(v: &serde_json::Value) {
     );
     line("λ", num("lambda").map(|x| format!("{x}")));
     line("threads", num("threads").map(|x| format!("{x}")));
+    line("ties", f("ties").as_str().map(String::from));
+    line("setup", num("setup_seconds").map(|s| format!("{s:.3} s")));
     line("fit", num("fit_seconds").map(|s| format!("{s:.3} s")));
+    line(
+        "CPU (setup + fit)",
+        num("cpu_seconds").map(|s| format!("{s:.3} s")),
+    );
     line("cycles", num("cycles").map(|x| format!("{x}")));
     line(
         "coordinate updates/s",

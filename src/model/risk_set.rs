@@ -396,28 +396,35 @@ impl RiskSetModel {
             info[ki].pos < s_end[s] || (fg && inv_g[ki] != 0.0)
         };
         let sort_column = |c: &super::design::Column| {
-            let mut tmp: Vec<(u32, f64)> = Vec::with_capacity(c.nnz());
-            tmp.extend(
-                c.entries()
-                    .map(|(i, v)| (new_index[i], v))
-                    .filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)),
-            );
-            tmp.sort_unstable_by_key(|e| e.0);
-            let indicator = c.format == ColumnFormat::Indicator || tmp.iter().all(|e| e.1 == 1.0);
-            let mut col = SortedColumn {
-                rows: tmp.iter().map(|e| e.0).collect(),
-                vals: if indicator {
-                    Vec::new()
-                } else {
-                    tmp.iter().map(|e| e.1).collect()
-                },
-                exits: Vec::new(),
-                event_sum: 0.0,
-            };
-            for (i, &(ki, v)) in tmp.iter().enumerate() {
-                let ki = ki as usize;
+            let mut col = SortedColumn::default();
+            if c.format == ColumnFormat::Indicator {
+                // Row indices only (no (row, value) scratch for 0/1 columns).
+                col.rows.reserve_exact(c.nnz());
+                col.rows.extend(
+                    c.rows
+                        .iter()
+                        .map(|&i| new_index[i as usize])
+                        .filter(|&ki| contributes(ki as usize)),
+                );
+                col.rows.sort_unstable();
+                col.rows.shrink_to_fit();
+            } else {
+                let mut tmp: Vec<(u32, f64)> = Vec::with_capacity(c.nnz());
+                tmp.extend(
+                    c.entries()
+                        .map(|(i, v)| (new_index[i], v))
+                        .filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)),
+                );
+                tmp.sort_unstable_by_key(|e| e.0);
+                col.rows = tmp.iter().map(|e| e.0).collect();
+                if !tmp.iter().all(|e| e.1 == 1.0) {
+                    col.vals = tmp.iter().map(|e| e.1).collect();
+                }
+            }
+            for i in 0..col.rows.len() {
+                let ki = col.rows[i] as usize;
                 if event[ki] {
-                    col.event_sum += w[ki] * v;
+                    col.event_sum += w[ki] * col.value(i);
                 }
                 if counting && exit[ki] < s_end[info[ki].stratum as usize] {
                     col.exits.push((exit[ki], i as u32));
