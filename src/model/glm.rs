@@ -332,6 +332,11 @@ impl ConditionalLogistic {
     pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
         ConditionalPoisson::with_unit_time(x, cols).map(ConditionalLogistic)
     }
+
+    /// [`ConditionalLogistic::new`] consuming the design matrix (less peak memory).
+    pub fn from_owned(x: DesignMatrix) -> Result<Self> {
+        ConditionalPoisson::with_unit_time_owned(x).map(ConditionalLogistic)
+    }
 }
 
 impl Likelihood for ConditionalLogistic {

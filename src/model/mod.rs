@@ -221,6 +221,18 @@ pub fn cpu_likelihood_owned(
     mut x: DesignMatrix,
     opts: LikelihoodOptions,
 ) -> Result<Box<dyn Likelihood>> {
+    // The stratified models can also drop the row data before converting the columns.
+    match kind {
+        ModelKind::ConditionalPoisson => {
+            kind.check_rows(&x)?;
+            return Ok(Box::new(sccs::ConditionalPoisson::from_owned(x)?));
+        }
+        ModelKind::ConditionalLogistic => {
+            kind.check_rows(&x)?;
+            return Ok(Box::new(glm::ConditionalLogistic::from_owned(x)?));
+        }
+        _ => {}
+    }
     let cols = x.take_columns();
     cpu_likelihood_from(kind, &x, cols, opts)
 }

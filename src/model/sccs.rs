@@ -48,6 +48,8 @@
 //! Laplace λ = 3, tolerance 1e-8, one thread) the fit takes ≈ 1 s (4 cycles) plus ≈ 1 s of
 //! setup.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix};
@@ -336,22 +338,40 @@ pub struct ConditionalPoisson {
 impl ConditionalPoisson {
     /// Build from a design matrix (strata = `rows.stratum`, t = `rows.time`).
     pub fn new(x: &DesignMatrix) -> Result<Self> {
-        Self::build(x, x.column_source(), false)
+        Self::build(Cow::Borrowed(x), x.column_source(), false)
     }
 
     /// [`ConditionalPoisson::new`] on the rows of `x` and the columns `cols` (`x.columns` is
     /// not used; owned columns are dropped as they are converted).
     pub fn from_columns(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
-        Self::build(x, cols, false)
+        Self::build(Cow::Borrowed(x), cols, false)
     }
 
     /// Build with every t_k = 1 (conditional logistic regression; see
     /// [`crate::model::glm::ConditionalLogistic`]).
     pub(crate) fn with_unit_time(x: &DesignMatrix, cols: ColumnSource<'_>) -> Result<Self> {
-        Self::build(x, cols, true)
+        Self::build(Cow::Borrowed(x), cols, true)
     }
 
-    fn build(x: &DesignMatrix, cols: ColumnSource<'_>, unit_time: bool) -> Result<Self> {
+    /// [`ConditionalPoisson::new`] consuming the design matrix: the row data is dropped before
+    /// the columns are converted, and each column once converted.
+    pub fn from_owned(mut x: DesignMatrix) -> Result<Self> {
+        let cols = x.take_columns();
+        Self::build(Cow::Owned(x), cols, false)
+    }
+
+    /// [`Self::with_unit_time`] consuming the design matrix.
+    pub(crate) fn with_unit_time_owned(mut x: DesignMatrix) -> Result<Self> {
+        let cols = x.take_columns();
+        Self::build(Cow::Owned(x), cols, true)
+    }
+
+    fn build(
+        design: Cow<'_, DesignMatrix>,
+        cols: ColumnSource<'_>,
+        unit_time: bool,
+    ) -> Result<Self> {
+        let x: &DesignMatrix = &design;
         let r = &x.rows;
         let n_rows = x.n_rows();
         let bad = |i: usize, column: &str, message: String| Error::BadValue {
@@ -453,6 +473,8 @@ impl ConditionalPoisson {
             }
         }
         stratum_start.push(t.len() as u32);
+        // The row data is no longer needed (freed here when owned).
+        drop(design);
         // Columns are independent: convert them in parallel (each result is deterministic).
         let cols = cols.par_map(|c| {
             let (pos, val) = internal_entries(c, &pos_of_row);
