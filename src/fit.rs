@@ -21,6 +21,10 @@
 //! # Ok::<(), epifusion::Error>(())
 //! ```
 //!
+//! [`fit_owned`] gives the same result but consumes the design matrix, so that the likelihood's
+//! own copy of the columns replaces it instead of coexisting with it (peak memory, DESIGN.md
+//! §10); the CLI uses it.
+//!
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `model` | – | [`ModelKind`] |
