@@ -445,6 +445,15 @@ struct ColumnAcc {
     increasing: bool,
 }
 
+/// Make room for one more element, growing by 1/4 rather than doubling: the columns are the
+/// bulk of the builder's memory, and doubling would leave up to half of it unused.
+#[inline]
+fn grow<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 4).max(16));
+    }
+}
+
 impl ColumnAcc {
     fn push(&mut self, row: u32, v: f64) {
         if v == 0.0 {
@@ -457,11 +466,13 @@ impl ColumnAcc {
             self.values = Some(values);
         }
         if let Some(values) = &mut self.values {
+            grow(values);
             values.push(v);
         }
         if self.rows.last().is_some_and(|&last| last >= row) {
             self.increasing = false;
         }
+        grow(&mut self.rows);
         self.rows.push(row);
     }
 
