@@ -39,6 +39,13 @@ impl Cox {
         })
     }
 
+    /// [`Cox::new`] consuming the design matrix (less peak memory).
+    pub fn from_owned(x: DesignMatrix, ties: Ties) -> Result<Self> {
+        Ok(Cox {
+            model: RiskSetModel::from_owned(x, ties, RiskSetKind::Cox, None)?,
+        })
+    }
+
     /// Force tiny chunks (tests of the chunked walk).
     #[cfg(test)]
     pub(crate) fn with_min_chunk(mut self, entries: usize) -> Self {

@@ -47,6 +47,17 @@ impl FineGray {
         })
     }
 
+    /// [`FineGray::new`] consuming the design matrix (less peak memory).
+    pub fn from_owned(mut x: DesignMatrix, ties: Ties) -> Result<Self> {
+        let censor = match x.rows.censor_weight.take() {
+            Some(c) => c,
+            None => censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum),
+        };
+        Ok(FineGray {
+            model: RiskSetModel::from_owned(x, ties, RiskSetKind::FineGray, Some(&censor))?,
+        })
+    }
+
     /// Force tiny chunks (tests of the chunked walk).
     #[cfg(test)]
     pub(crate) fn with_min_chunk(mut self, entries: usize) -> Self {

@@ -221,8 +221,16 @@ pub fn cpu_likelihood_owned(
     mut x: DesignMatrix,
     opts: LikelihoodOptions,
 ) -> Result<Box<dyn Likelihood>> {
-    // The stratified models can also drop the row data before converting the columns.
+    // The row data is dropped before the columns are converted.
     match kind {
+        ModelKind::Cox => {
+            kind.check_rows(&x)?;
+            return Ok(Box::new(cox::Cox::from_owned(x, opts.ties)?));
+        }
+        ModelKind::FineGray => {
+            kind.check_rows(&x)?;
+            return Ok(Box::new(fine_gray::FineGray::from_owned(x, opts.ties)?));
+        }
         ModelKind::ConditionalPoisson => {
             kind.check_rows(&x)?;
             return Ok(Box::new(sccs::ConditionalPoisson::from_owned(x)?));

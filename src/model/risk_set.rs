@@ -37,6 +37,8 @@
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
 //! threads.
 
+use std::borrow::Cow;
+
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
 use super::Ties;
 use crate::error::{Error, Result};
@@ -178,6 +180,29 @@ impl RiskSetModel {
         kind: RiskSetKind,
         censor: Option<&[f64]>,
     ) -> Result<Self> {
+        Self::build(Cow::Borrowed(x), cols, ties, kind, censor)
+    }
+
+    /// [`RiskSetModel::new`] consuming the design matrix: the row data is dropped before the
+    /// columns are converted, and each column as soon as it is converted.
+    pub fn from_owned(
+        mut x: DesignMatrix,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        let cols = x.take_columns();
+        Self::build(Cow::Owned(x), cols, ties, kind, censor)
+    }
+
+    fn build(
+        design: Cow<'_, DesignMatrix>,
+        cols: ColumnSource<'_>,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        let x: &DesignMatrix = &design;
         let r = &x.rows;
         let n = x.n_rows();
         let fg = kind == RiskSetKind::FineGray;
@@ -390,6 +415,9 @@ impl RiskSetModel {
             }
         }
 
+        // The row data is no longer needed (freed here when owned).
+        drop(order);
+        drop(design);
         // Columns in sorted order, dropping rows that are in no risk set.
         let contributes = |ki: usize| -> bool {
             let s = info[ki].stratum as usize;
