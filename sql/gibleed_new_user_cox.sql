@@ -5,8 +5,10 @@
 --
 -- Design (CohortMethod conventions): first exposure only (first drug_era of either drug),
 -- persons exposed to both drugs removed, 365 days of prior observation (washout), subjects with
--- the outcome before cohort start removed, risk window from cohort start (day 0) to cohort end
--- (the era end), censored at the end of observation; at least 1 day at risk.
+-- the outcome before cohort start removed, risk window from cohort start (day 0) to day 365
+-- after it, censored at the end of observation; at least 1 day at risk. (GiBleed's first drug
+-- eras last a single day, so the on-treatment window "0 → 0 at cohort end" holds no outcomes;
+-- the fixed 365-day window anchored at the cohort start is the usual alternative.)
 -- Time is integer days, both ends inclusive: time = outcome day − risk start + 1 for events,
 -- else the window length.
 
@@ -45,20 +47,30 @@ JOIN observation_period op ON op.person_id = f.person_id
   AND CAST(op.observation_period_start_date AS INT) <= f.start_day
   AND f.start_day <= CAST(op.observation_period_end_date AS INT);
 
+-- Outcomes before the cohort start (prior) and the first one on or after it.
+CREATE VIEW outcome_days AS
+SELECT e.person_id,
+       max(CASE WHEN g.day < e.start_day THEN 1 ELSE 0 END) AS prior_outcome,
+       min(CASE WHEN g.day >= e.start_day THEN g.day END) AS next_outcome
+FROM exposure_observed e
+LEFT JOIN gi_bleed g ON g.person_id = e.person_id
+GROUP BY e.person_id;
+
 CREATE VIEW cohort AS
 SELECT e.person_id,
        CASE WHEN e.drug_concept_id = 1118084 THEN 1 ELSE 0 END AS treatment,
        e.start_day AS risk_start,
-       least(e.end_day, e.obs_end) AS risk_end,
+       least(e.start_day + 365, e.obs_end) AS risk_end,
        e.n_drugs,
        e.start_day - e.obs_start AS prior_days,
-       (SELECT min(g.day) FROM gi_bleed g WHERE g.person_id = e.person_id AND g.day < e.start_day) AS prior_outcome,
-       (SELECT min(g.day) FROM gi_bleed g WHERE g.person_id = e.person_id AND g.day >= e.start_day) AS next_outcome
-FROM exposure_observed e;
+       o.prior_outcome,
+       o.next_outcome
+FROM exposure_observed e
+JOIN outcome_days o ON o.person_id = e.person_id;
 
 CREATE VIEW study_population AS
 SELECT * FROM cohort
-WHERE n_drugs = 1 AND prior_days >= 365 AND prior_outcome IS NULL AND risk_end - risk_start + 1 >= 1;
+WHERE n_drugs = 1 AND prior_days >= 365 AND prior_outcome = 0 AND risk_end - risk_start + 1 >= 1;
 
 -- Attrition: subjects after each step, by treatment group.
 CREATE VIEW attrition AS

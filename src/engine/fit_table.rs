@@ -260,7 +260,11 @@ impl FitExec {
 
 impl DisplayAs for FitExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "FitExec: {} ({})", self.function, self.model.name())
+        write!(f, "FitExec: {} ({}), outcomes: {}", self.function, self.model.name(), self.call.outcomes)?;
+        if let Some(c) = &self.call.covariates {
+            write!(f, ", covariates: {c}")?;
+        }
+        Ok(())
     }
 }
 
@@ -313,12 +317,10 @@ impl ExecutionPlan for FitExec {
         &self.properties
     }
 
+    /// The input plans are planned and optimized in `scan` and kept opaque: exposing them as
+    /// children would let the outer query's physical optimizer run over them a second time.
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        let mut c = vec![&self.outcomes];
-        if let Some(cov) = &self.covariates {
-            c.push(cov);
-        }
-        c
+        Vec::new()
     }
 
     fn apply_expressions(
@@ -330,19 +332,12 @@ impl ExecutionPlan for FitExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let covariates = if children.len() > 1 { Some(children.remove(1)) } else { None };
-        let outcomes = children.remove(0);
-        Ok(Arc::new(FitExec {
-            function: self.function,
-            model: self.model,
-            call: self.call.clone(),
-            outcomes,
-            covariates,
-            projection: self.projection.clone(),
-            properties: self.properties.clone(),
-        }))
+        if !children.is_empty() {
+            return Err(exec_datafusion_err!("FitExec has no children"));
+        }
+        Ok(self)
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {

@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
@@ -178,7 +179,16 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
         let lower = col.to_ascii_lowercase();
         present.push(lower.clone());
         let quoted = format!("\"{}\"", col.replace('"', "\"\""));
-        select.push(match column_type(&lower) {
+        // Text codes that happen to end in `_id` (e.g. `reverse_relationship_id`) stay text:
+        // a text column becomes BIGINT only where the CDM defines an integer id.
+        let text = matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+        let standard_int = lower.ends_with("_concept_id")
+            || CDM_TABLES.iter().any(|(_, cols)| cols.contains(&lower.as_str()));
+        let target = match column_type(&lower) {
+            Some("BIGINT") if text && !standard_int => None,
+            other => other,
+        };
+        select.push(match target {
             Some(ty) => format!("CAST({quoted} AS {ty}) AS \"{lower}\""),
             None => format!("{quoted} AS \"{lower}\""),
         });
@@ -216,8 +226,11 @@ pub async fn import(ctx: &SessionContext, source: &str, destination: &str) -> Df
         let opts = datafusion::dataframe::DataFrameWriteOptions::new().with_single_file_output(true);
         if local {
             let tmp = format!("{dest}/.{}.parquet.partial", t.name);
-            df.write_parquet(&tmp, opts, None).await?;
             let (from, to) = (tmp.trim_start_matches("file://"), final_path.trim_start_matches("file://"));
+            if let Err(e) = df.write_parquet(&tmp, opts, None).await {
+                let _ = std::fs::remove_file(from);
+                return Err(e);
+            }
             std::fs::rename(from, to).map_err(|e| exec_datafusion_err!("cannot rename {from} to {to}: {e}"))?;
         } else {
             // Object stores make a single PUT / multipart upload visible atomically.
