@@ -139,7 +139,7 @@ fn batch_to_json(b: &RecordBatch) -> DfResult<Vec<serde_json::Value>> {
 
 /// Run `sql` (one or more `;`-separated statements). The last statement's result is printed
 /// to `out` in `format`, or written to `output` (Parquet when it ends in `.parquet`, CSV for
-/// `.csv`, JSON for `.json`). Earlier statements' results are printed too.
+/// `.csv`, newline-delimited JSON for `.json`). Earlier statements' results are printed too.
 pub async fn run_sql(
     ctx: &SessionContext,
     sql: &str,
@@ -181,8 +181,15 @@ async fn write_output(df: datafusion::dataframe::DataFrame, path: &Path) -> DfRe
             df.write_csv(&p, opts, None).await?;
         }
         "json" => {
+            // Newline-delimited JSON (one object per row), as DataFusion and most tools read it.
             let batches = df.collect().await?;
-            let text = format_batches(&batches, OutputFormat::Json)?;
+            let mut text = String::new();
+            for b in &batches {
+                for row in batch_to_json(b)? {
+                    text.push_str(&row.to_string());
+                    text.push('\n');
+                }
+            }
             std::fs::write(path, text).map_err(|e| exec_datafusion_err!("cannot write {p}: {e}"))?;
         }
         other => return plan_err!("--output {p}: unknown extension `.{other}`; expected .parquet, .csv or .json"),
