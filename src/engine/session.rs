@@ -7,6 +7,7 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::engine::fit_table::{FitTableFunction, FIT_FUNCTIONS};
+use crate::engine::fit_udaf::{FitAggregate, FIT_AGGREGATES};
 use crate::engine::omop;
 use crate::engine::store::EnvObjectStoreRegistry;
 
@@ -21,13 +22,20 @@ pub struct SessionOptions {
 
 /// Names of every SQL function epifusion registers.
 pub fn function_names() -> Vec<&'static str> {
-    FIT_FUNCTIONS.iter().map(|(n, _)| *n).collect()
+    FIT_FUNCTIONS
+        .iter()
+        .chain(FIT_AGGREGATES)
+        .map(|(n, _)| *n)
+        .collect()
 }
 
 /// Register every epifusion function in `ctx`.
 pub fn register_all(ctx: &SessionContext) {
     for &(name, model) in FIT_FUNCTIONS {
         ctx.register_udtf(name, Arc::new(FitTableFunction::new(name, model)));
+    }
+    for &(name, model) in FIT_AGGREGATES {
+        ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(FitAggregate::new(name, model)));
     }
 }
 
