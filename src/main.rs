@@ -33,6 +33,40 @@ enum Command {
     Fit(Box<FitArgs>),
     /// Time a Laplace-penalized fit on seeded synthetic data or a benchmark directory.
     Bench(BenchArgs),
+    /// Run SQL with every epifusion function registered (`-c`, `-f`, or an interactive shell).
+    Sql(SqlArgs),
+    /// Convert an OMOP CSV dump to typed Parquet (one file per CDM table).
+    Import(ImportArgs),
+}
+
+#[derive(Args, Debug)]
+struct SqlArgs {
+    /// SQL to run (several `;`-separated statements allowed).
+    #[arg(short = 'c', long = "command")]
+    command: Option<String>,
+    /// File of SQL statements to run.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// OMOP store (folder, file://, s3://, gs://, az://, http(s):// URL) to register.
+    #[arg(long)]
+    omop: Option<String>,
+    /// Output format on stdout: table, csv or json.
+    #[arg(long, default_value = "table")]
+    format: String,
+    /// Write the last statement's result to this file (.parquet, .csv or .json).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// DataFusion batch size.
+    #[arg(long)]
+    batch_size: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct ImportArgs {
+    /// Folder (or URL) with the OMOP CSV files.
+    source: String,
+    /// Destination folder or object-store URL for the Parquet files.
+    destination: String,
 }
 
 fn parse_model(s: &str) -> std::result::Result<ModelKind, String> {
@@ -189,11 +223,64 @@ fn main() {
     let outcome = match cli.command {
         Command::Fit(a) => run_fit(&a),
         Command::Bench(a) => run_bench(&a),
+        Command::Sql(a) => run_sql_command(&a),
+        Command::Import(a) => run_import(&a),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn run_sql_command(a: &SqlArgs) -> Result<()> {
+    use epifusion::engine::session::{new_session, SessionOptions};
+    use epifusion::engine::shell::{self, OutputFormat};
+    let format = OutputFormat::parse(&a.format)?;
+    let sql = match (&a.command, &a.file) {
+        (Some(_), Some(_)) => bail!("give either -c or -f, not both"),
+        (Some(c), None) => Some(c.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let ctx = new_session(&SessionOptions {
+            omop: a.omop.clone(),
+            batch_size: a.batch_size,
+        })
+        .await?;
+        match sql {
+            Some(sql) => {
+                let mut stdout = std::io::stdout();
+                shell::run_sql(&ctx, &sql, format, a.output.as_deref(), &mut stdout).await?;
+            }
+            None => shell::interactive(std::sync::Arc::new(ctx), format).await?,
+        }
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+fn run_import(a: &ImportArgs) -> Result<()> {
+    use epifusion::engine::session::{new_session, SessionOptions};
+    let rt = runtime()?;
+    rt.block_on(async {
+        let ctx = new_session(&SessionOptions::default()).await?;
+        let written = epifusion::engine::omop::import(&ctx, &a.source, &a.destination).await?;
+        for (table, rows) in &written {
+            eprintln!("{table}: {rows} rows");
+        }
+        eprintln!("imported {} tables into {}", written.len(), a.destination);
+        Ok::<(), anyhow::Error>(())
+    })
 }
 
 fn needs_time(model: ModelKind) -> bool {

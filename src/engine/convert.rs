@@ -206,6 +206,23 @@ pub struct BatchSource {
     file: String,
 }
 
+impl BatchSource {
+    /// Batches already in memory (e.g. the result of a SQL query); `label` names the source
+    /// in error messages.
+    pub fn from_batches(label: impl Into<String>, schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        BatchSource {
+            schema,
+            batches: Box::new(batches.into_iter().map(Ok)),
+            file: label.into(),
+        }
+    }
+
+    /// The label used in error messages (file name or query).
+    pub fn label(&self) -> &str {
+        &self.file
+    }
+}
+
 impl Iterator for BatchSource {
     type Item = Result<RecordBatch>;
     fn next(&mut self) -> Option<Result<RecordBatch>> {
@@ -569,13 +586,26 @@ pub fn read_long(
     covariates: &Path,
     opts: &ReadOptions,
 ) -> Result<(DesignBuilder, ReadReport)> {
+    read_long_from(
+        open_batches(outcomes, opts.batch_size)?,
+        open_batches(covariates, opts.batch_size)?,
+        opts,
+    )
+}
+
+/// Read the long format from two batch sources (files or query results).
+pub fn read_long_from(
+    outcomes: BatchSource,
+    covariates: BatchSource,
+    opts: &ReadOptions,
+) -> Result<(DesignBuilder, ReadReport)> {
     let mut builder = DesignBuilder::new();
     builder.drop_unknown_rows(opts.drop_unknown_rows);
     let mut report = ReadReport::default();
 
     // Outcomes.
-    let source = open_batches(outcomes, opts.batch_size)?;
-    let file = outcomes.display().to_string();
+    let source = outcomes;
+    let file = source.label().to_string();
     let schema = source.schema.clone();
     let cols = outcome_columns(&schema, opts);
     let required = required_outcome_roles(&schema, &cols, opts, &file, true)?;
@@ -594,8 +624,8 @@ pub fn read_long(
     report.outcome_rows = row0;
 
     // Covariates.
-    let source = open_batches(covariates, opts.batch_size)?;
-    let file = covariates.display().to_string();
+    let source = covariates;
+    let file = source.label().to_string();
     let schema = source.schema.clone();
     let row_col =
         find_column(&schema, "row_id").ok_or_else(|| missing_column(&file, "row_id", &schema))?;
@@ -631,10 +661,14 @@ pub fn read_long(
 
 /// Read the wide format: one table with outcome columns and one column per covariate.
 pub fn read_wide(path: &Path, opts: &ReadOptions) -> Result<(DesignBuilder, ReadReport)> {
+    read_wide_from(open_batches(path, opts.batch_size)?, opts)
+}
+
+/// Read the wide format from a batch source (file or query result).
+pub fn read_wide_from(source: BatchSource, opts: &ReadOptions) -> Result<(DesignBuilder, ReadReport)> {
     let mut builder = DesignBuilder::new();
     let mut report = ReadReport::default();
-    let source = open_batches(path, opts.batch_size)?;
-    let file = path.display().to_string();
+    let file = source.label().to_string();
     let schema = source.schema.clone();
     let cols = outcome_columns(&schema, opts);
     // NULLs in outcome columns drop the row rather than fail, so nothing is "required" per
@@ -714,16 +748,10 @@ pub fn read_wide(path: &Path, opts: &ReadOptions) -> Result<(DesignBuilder, Read
 // ---------------------------------------------------------------------------------------------
 // Results.
 
-/// The result table: one row per coefficient, with the fit-level values repeated.
-///
-/// Columns: `covariate_id` (NULL for the intercept), `covariate`, `estimate`, `std_error`,
-/// `ci_lower`, `ci_upper`, `exp_estimate` (hazard / rate / odds ratio), `penalized`, `model`,
-/// `log_likelihood`, `log_prior`, `iterations`, `status`, `seconds`.
-pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
-    let c = &r.coefficients;
-    let n = c.len();
+/// The schema of [`result_batch`].
+pub fn result_schema() -> SchemaRef {
     let f = |name: &str, nullable: bool| Field::new(name, DataType::Float64, nullable);
-    let schema = Arc::new(Schema::new(vec![
+    Arc::new(Schema::new(vec![
         Field::new("covariate_id", DataType::Int64, true),
         Field::new("covariate", DataType::Utf8, false),
         f("estimate", false),
@@ -738,7 +766,18 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         Field::new("iterations", DataType::Int64, false),
         Field::new("status", DataType::Utf8, false),
         f("seconds", false),
-    ]));
+    ]))
+}
+
+/// The result table: one row per coefficient, with the fit-level values repeated.
+///
+/// Columns: `covariate_id` (NULL for the intercept), `covariate`, `estimate`, `std_error`,
+/// `ci_lower`, `ci_upper`, `exp_estimate` (hazard / rate / odds ratio), `penalized`, `model`,
+/// `log_likelihood`, `log_prior`, `iterations`, `status`, `seconds`.
+pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
+    let c = &r.coefficients;
+    let n = c.len();
+    let schema = result_schema();
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from_iter(c.iter().map(|c| {
             (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id)

@@ -1,6 +1,16 @@
-//! Arrow / Parquet / CSV glue: reading the long and wide input formats into a
-//! [`crate::model::design::DesignBuilder`] and writing result tables ([`convert`]); JSON fit
-//! options ([`options`]).
+//! Arrow / Parquet / CSV glue and the DataFusion layer.
+//!
+//! * [`convert`]: reading the long and wide input formats into a
+//!   [`crate::model::design::DesignBuilder`] and writing result tables;
+//! * [`options`]: JSON fit options;
+//! * [`session`], [`fit_table`], [`fit_udaf`], [`omop`], [`store`], [`shell`]: SQL sessions, the fitting table
+//!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
 pub mod convert;
+pub mod fit_table;
+pub mod fit_udaf;
+pub mod omop;
 pub mod options;
+pub mod session;
+pub mod shell;
+pub mod store;

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use design::DesignMatrix;
 
 /// The models the engine fits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModelKind {
     /// Conditional Poisson with log(time) offset, strata = cases (SCCS; Cyclops `cpr`).
     ConditionalPoisson,

@@ -7,3 +7,4 @@ mod golden_fine_gray;
 mod golden_sccs;
 mod golden_support;
 mod oracle;
+mod sql;

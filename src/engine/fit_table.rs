@@ -1,0 +1,362 @@
+//! Table functions that fit a model and return one row per coefficient:
+//! `sccs_fit`, `cox_fit`, `fine_gray_fit`, `logistic_fit`, `poisson_fit`,
+//! `conditional_logistic_fit`.
+//!
+//! ```sql
+//! -- long format: outcomes and covariates as table names or queries, options as JSON
+//! SELECT * FROM cox_fit('outcomes', 'covariates', '{"prior": "laplace", "variance": 0.1, "exclude": [1]}');
+//! -- wide format: every non-reserved numeric column is a covariate named by its column
+//! SELECT covariate, estimate, std_error FROM cox_fit('SELECT time, status - 1 AS y, age, sex FROM lung');
+//! ```
+//!
+//! Arguments: `outcomes` [, `covariates`] [, `options`]. A table argument is a table name or a
+//! SQL query; an argument that starts with `{` is the JSON options object (see
+//! [`crate::engine::options`]). The inner queries are planned in `scan`; the data are collected
+//! and the model fitted in `execute`, on a blocking thread (never on a tokio worker).
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{exec_datafusion_err, plan_err, DataFusionError, Result as DfResult, ScalarValue};
+use datafusion::datasource::TableType;
+use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+
+use crate::engine::convert::{self, BatchSource, ReadOptions};
+use crate::engine::options::parse_fit_options;
+use crate::fit::{fit_owned, FitOptions};
+use crate::model::ModelKind;
+
+/// Convert a library error into DataFusion's: option mistakes are planning errors, everything
+/// else is an execution (data) error.
+pub fn to_df_error(e: crate::Error) -> DataFusionError {
+    match e {
+        crate::Error::BadOption { .. } => DataFusionError::Plan(e.to_string()),
+        other => DataFusionError::Execution(other.to_string()),
+    }
+}
+
+/// A fitting table function for one model.
+#[derive(Debug)]
+pub struct FitTableFunction {
+    name: &'static str,
+    model: ModelKind,
+}
+
+impl FitTableFunction {
+    /// The function for `model`, registered as `name`.
+    pub fn new(name: &'static str, model: ModelKind) -> Self {
+        FitTableFunction { name, model }
+    }
+}
+
+/// Every fitting table function: (SQL name, model).
+pub const FIT_FUNCTIONS: &[(&str, ModelKind)] = &[
+    ("sccs_fit", ModelKind::ConditionalPoisson),
+    ("cox_fit", ModelKind::Cox),
+    ("fine_gray_fit", ModelKind::FineGray),
+    ("logistic_fit", ModelKind::Logistic),
+    ("poisson_fit", ModelKind::Poisson),
+    ("conditional_logistic_fit", ModelKind::ConditionalLogistic),
+];
+
+/// SQL for a table argument: a bare (possibly qualified) table name becomes `SELECT * FROM`.
+pub fn table_sql(arg: &str) -> String {
+    let t = arg.trim();
+    let is_name = !t.is_empty()
+        && t.split('.').all(|part| {
+            let mut ch = part.chars();
+            matches!(ch.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+                && ch.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if is_name {
+        format!("SELECT * FROM {t}")
+    } else {
+        t.to_string()
+    }
+}
+
+/// Extract string literal arguments, with clear arity and type errors.
+pub fn string_args(function: &str, exprs: &[Expr], usage: &str) -> DfResult<Vec<String>> {
+    if exprs.is_empty() || exprs.len() > 3 {
+        return plan_err!(
+            "{function} takes 1 to 3 arguments ({usage}), got {}",
+            exprs.len()
+        );
+    }
+    exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e {
+            Expr::Literal(ScalarValue::Utf8(Some(s)), _)
+            | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
+            | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
+            Expr::Literal(v, _) if v.is_null() => {
+                plan_err!("{function}: argument {} is NULL; expected a string ({usage})", i + 1)
+            }
+            other => plan_err!(
+                "{function}: argument {} must be a string literal ({usage}), got {other}",
+                i + 1
+            ),
+        })
+        .collect()
+}
+
+/// The parsed arguments of a fit call.
+#[derive(Debug, Clone)]
+pub struct FitCall {
+    /// Outcome (or wide) query.
+    pub outcomes: String,
+    /// Covariate query (long format).
+    pub covariates: Option<String>,
+    /// Options.
+    pub options: FitOptions,
+}
+
+/// Parse `outcomes [, covariates] [, options]`.
+pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfResult<FitCall> {
+    let (tables, options): (Vec<&String>, Vec<&String>) =
+        args.iter().partition(|a| !a.trim_start().starts_with('{'));
+    if options.len() > 1 {
+        return plan_err!("{function}: more than one options object");
+    }
+    if args.last().is_some_and(|a| !a.trim_start().starts_with('{')) && !options.is_empty() {
+        return plan_err!("{function}: the options object must be the last argument");
+    }
+    if tables.is_empty() || tables.len() > 2 {
+        return plan_err!(
+            "{function}: expected an outcomes table or query, optionally a covariates table or query"
+        );
+    }
+    let options = parse_fit_options(model, options.first().map_or("", |s| s.as_str()))
+        .map_err(to_df_error)?;
+    Ok(FitCall {
+        outcomes: table_sql(tables[0]),
+        covariates: tables.get(1).map(|s| table_sql(s)),
+        options,
+    })
+}
+
+impl TableFunctionImpl for FitTableFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let usage = "outcomes [, covariates] [, options JSON]";
+        let strings = string_args(self.name, args.exprs(), usage)?;
+        let call = parse_fit_call(self.name, self.model, &strings)?;
+        Ok(Arc::new(FitTable {
+            function: self.name,
+            model: self.model,
+            call,
+        }))
+    }
+}
+
+/// The table a fit call produces.
+#[derive(Debug)]
+pub struct FitTable {
+    function: &'static str,
+    model: ModelKind,
+    call: FitCall,
+}
+
+/// Plan a SQL string in the calling session.
+pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let state = state
+        .as_any()
+        .downcast_ref::<SessionState>()
+        .ok_or_else(|| exec_datafusion_err!("epifusion table functions need a DataFusion SessionState"))?;
+    let plan = state.create_logical_plan(sql).await?;
+    state.create_physical_plan(&plan).await
+}
+
+#[async_trait]
+impl TableProvider for FitTable {
+    fn schema(&self) -> SchemaRef {
+        convert::result_schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let outcomes = plan_sql(state, &self.call.outcomes).await?;
+        let covariates = match &self.call.covariates {
+            Some(sql) => Some(plan_sql(state, sql).await?),
+            None => None,
+        };
+        let schema = convert::result_schema();
+        let projected = match projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => schema,
+        };
+        Ok(Arc::new(FitExec::new(
+            self.function,
+            self.model,
+            self.call.clone(),
+            outcomes,
+            covariates,
+            projection.cloned(),
+            projected,
+        )))
+    }
+}
+
+/// Execution plan: collect the inputs, fit, emit the coefficient table.
+#[derive(Debug)]
+pub struct FitExec {
+    function: &'static str,
+    model: ModelKind,
+    call: FitCall,
+    outcomes: Arc<dyn ExecutionPlan>,
+    covariates: Option<Arc<dyn ExecutionPlan>>,
+    projection: Option<Vec<usize>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl FitExec {
+    fn new(
+        function: &'static str,
+        model: ModelKind,
+        call: FitCall,
+        outcomes: Arc<dyn ExecutionPlan>,
+        covariates: Option<Arc<dyn ExecutionPlan>>,
+        projection: Option<Vec<usize>>,
+        schema: SchemaRef,
+    ) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        FitExec {
+            function,
+            model,
+            call,
+            outcomes,
+            covariates,
+            projection,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for FitExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "FitExec: {} ({}), outcomes: {}", self.function, self.model.name(), self.call.outcomes)?;
+        if let Some(c) = &self.call.covariates {
+            write!(f, ", covariates: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collect, build the design, fit (on a blocking thread) and return the result batch.
+pub async fn fit_from_plans(
+    model: ModelKind,
+    call: FitCall,
+    outcomes: Arc<dyn ExecutionPlan>,
+    covariates: Option<Arc<dyn ExecutionPlan>>,
+    context: Arc<TaskContext>,
+) -> DfResult<RecordBatch> {
+    let out_schema = outcomes.schema();
+    let out_batches = collect(outcomes, context.clone()).await?;
+    let cov = match covariates {
+        Some(plan) => {
+            let schema = plan.schema();
+            Some((schema, collect(plan, context).await?))
+        }
+        None => None,
+    };
+    tokio::task::spawn_blocking(move || -> crate::Result<RecordBatch> {
+        let read = ReadOptions {
+            require_time: !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic),
+            ..Default::default()
+        };
+        let outcomes = BatchSource::from_batches("outcomes", out_schema, out_batches);
+        let (builder, _report) = match cov {
+            Some((schema, batches)) => convert::read_long_from(
+                outcomes,
+                BatchSource::from_batches("covariates", schema, batches),
+                &read,
+            )?,
+            None => convert::read_wide_from(outcomes, &read)?,
+        };
+        let design = builder.build()?;
+        let result = fit_owned(design, &call.options)?;
+        convert::result_batch(&result)
+    })
+    .await
+    .map_err(|e| exec_datafusion_err!("fit task failed: {e}"))?
+    .map_err(to_df_error)
+}
+
+impl ExecutionPlan for FitExec {
+    fn name(&self) -> &str {
+        "FitExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    /// The input plans are planned and optimized in `scan` and kept opaque: exposing them as
+    /// children would let the outer query's physical optimizer run over them a second time.
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return Err(exec_datafusion_err!("FitExec has no children"));
+        }
+        Ok(self)
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(exec_datafusion_err!("FitExec has one partition, asked for {partition}"));
+        }
+        let schema = self.properties.eq_properties.schema().clone();
+        let model = self.model;
+        let call = self.call.clone();
+        let outcomes = self.outcomes.clone();
+        let covariates = self.covariates.clone();
+        let projection = self.projection.clone();
+        let fut = async move {
+            let batch = fit_from_plans(model, call, outcomes, covariates, context).await?;
+            match projection {
+                Some(p) => Ok(batch.project(&p)?),
+                None => Ok(batch),
+            }
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(fut))))
+    }
+}

@@ -1,0 +1,72 @@
+//! A DataFusion session with every epifusion function registered.
+
+use std::sync::Arc;
+
+use datafusion::common::Result as DfResult;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::engine::fit_table::{FitTableFunction, FIT_FUNCTIONS};
+use crate::engine::fit_udaf::{FitAggregate, FIT_AGGREGATES};
+use crate::engine::omop;
+use crate::engine::store::EnvObjectStoreRegistry;
+
+/// Session settings.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// OMOP store (folder or URL) whose CDM tables are registered.
+    pub omop: Option<String>,
+    /// DataFusion batch size (default 8192).
+    pub batch_size: Option<usize>,
+}
+
+/// Names of every SQL function epifusion registers.
+pub fn function_names() -> Vec<&'static str> {
+    FIT_FUNCTIONS
+        .iter()
+        .chain(FIT_AGGREGATES)
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+/// Register every epifusion function in `ctx`.
+pub fn register_all(ctx: &SessionContext) {
+    for &(name, model) in FIT_FUNCTIONS {
+        ctx.register_udtf(name, Arc::new(FitTableFunction::new(name, model)));
+    }
+    for &(name, model) in FIT_AGGREGATES {
+        ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(FitAggregate::new(name, model)));
+    }
+}
+
+/// A new session: object stores from the environment, epifusion functions, and the OMOP
+/// store's tables when one is given.
+pub async fn new_session(opts: &SessionOptions) -> DfResult<SessionContext> {
+    let mut config = SessionConfig::new().with_information_schema(true);
+    if let Some(b) = opts.batch_size {
+        config = config.with_batch_size(b.max(1));
+    }
+    let runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(EnvObjectStoreRegistry::new()))
+        .build_arc()?;
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    register_all(&ctx);
+    if let Some(store) = &opts.omop {
+        omop::register_omop(&ctx, store).await?;
+    }
+    Ok(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_names_are_unique() {
+        let mut names = function_names();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+}

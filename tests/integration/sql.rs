@@ -1,0 +1,185 @@
+//! `epifusion sql` end to end: the bundled GiBleed store, local and served by a local
+//! S3-compatible server (Python `moto`, started here), plus `epifusion import`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn epifusion(args: &[&str], env: &[(&str, String)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_epifusion"));
+    cmd.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run epifusion")
+}
+
+fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "epifusion failed:\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The Cox rows of the GiBleed study's CSV output: (covariate_id, estimate, lower, upper, status).
+fn cox_rows(csv: &str) -> Vec<Vec<String>> {
+    csv.lines()
+        .skip_while(|l| !l.starts_with("covariate_id,"))
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn gibleed_new_user_cox_runs_on_the_bundled_store() {
+    let out = epifusion(
+        &["sql", "--omop", "data/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &[],
+    );
+    let text = ok(&out);
+    // Attrition: step 1 counts every first exposure with an observation period: 2,630 of the
+    // 2,694 persons (the others have none containing their first NSAID era).
+    assert!(text.contains("step,description,treatment,subjects"), "{text}");
+    let rows = cox_rows(&text);
+    assert_eq!(rows.len(), 2, "{text}");
+    for r in &rows {
+        let (est, lo, hi): (f64, f64, f64) = (r[1].parse().unwrap(), r[4].parse().unwrap(), r[5].parse().unwrap());
+        assert!(lo < est.exp() && est.exp() < hi, "CI around the HR: {r:?}");
+        assert_eq!(r.last().unwrap(), "converged");
+    }
+}
+
+#[test]
+fn sql_errors_are_clear() {
+    let out = epifusion(&["sql", "-c", "SELECT * FROM cox_fit('no_such_table')"], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no_such_table"), "{err}");
+    let out = epifusion(&["sql", "--omop", "tests", "-c", "SELECT 1"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no OMOP CDM tables"));
+    let out = epifusion(&["sql", "--format", "xml", "-c", "SELECT 1"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("format"));
+}
+
+#[test]
+fn output_file_formats() {
+    let dir = std::env::temp_dir().join(format!("epifusion-sql-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for ext in ["parquet", "csv", "json"] {
+        let path = dir.join(format!("r.{ext}"));
+        let p = path.to_string_lossy().to_string();
+        ok(&epifusion(
+            &["sql", "--omop", "data/gibleed", "-c", "SELECT person_id, gender_concept_id FROM person ORDER BY person_id LIMIT 3", "--output", &p],
+            &[],
+        ));
+        assert!(path.metadata().unwrap().len() > 0, "{p}");
+        // Read it back through SQL.
+        let back = ok(&epifusion(
+            &["sql", "--format", "csv", "-c", &format!("CREATE EXTERNAL TABLE r STORED AS {} LOCATION '{p}'; SELECT count(*) AS n FROM r", if ext == "json" { "JSON" } else { ext })],
+            &[],
+        ));
+        assert!(back.contains("n\n3"), "{ext}: {back}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// S3 through a local moto server.
+
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start_moto() -> Option<Moto> {
+    let port = free_port();
+    let child = match Command::new("moto_server")
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("moto_server not found ({e}); .ci/run installs it with `pip install 'moto[server]'`");
+            }
+            eprintln!("SKIPPED: S3 tests need `moto_server` (pip install 'moto[server]'): {e}");
+            return None;
+        }
+    };
+    let moto = Moto { child, port };
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(30), "moto_server did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(moto)
+}
+
+fn create_bucket(port: u16, bucket: &str) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "create bucket: {resp}");
+}
+
+fn s3_env(port: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
+    ]
+}
+
+#[test]
+fn gibleed_from_s3_matches_local() {
+    let Some(moto) = start_moto() else { return };
+    create_bucket(moto.port, "cdm");
+    let env = s3_env(moto.port);
+    // Import the CSV-free Parquet store into S3 (exercises writing to an object store).
+    assert!(Path::new(env!("CARGO_MANIFEST_DIR")).join("data/gibleed/person.parquet").exists());
+    let imported = epifusion(&["import", "data/gibleed", "s3://cdm/gibleed"], &env);
+    ok(&imported);
+    assert!(String::from_utf8_lossy(&imported.stderr).contains("person: 2694 rows"));
+    let remote = ok(&epifusion(
+        &["sql", "--omop", "s3://cdm/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &env,
+    ));
+    let local = ok(&epifusion(
+        &["sql", "--omop", "data/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &[],
+    ));
+    let strip_seconds = |t: &str| cox_rows(t).into_iter().map(|r| r[..4].to_vec()).collect::<Vec<_>>();
+    assert_eq!(strip_seconds(&remote), strip_seconds(&local));
+    assert!(!strip_seconds(&remote).is_empty());
+    // CREATE EXTERNAL TABLE on an s3:// URL.
+    let n = ok(&epifusion(
+        &["sql", "--format", "csv", "-c", "CREATE EXTERNAL TABLE p STORED AS PARQUET LOCATION 's3://cdm/gibleed/person.parquet'; SELECT count(*) AS n FROM p"],
+        &env,
+    ));
+    assert!(n.contains("n\n2694"), "{n}");
+    // A missing bucket is a clear error.
+    let out = epifusion(&["sql", "--omop", "s3://no-such-bucket/x", "-c", "SELECT 1"], &env);
+    assert!(!out.status.success());
+}
