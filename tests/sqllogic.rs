@@ -23,8 +23,18 @@ use epifusion::engine::session::{new_session, SessionOptions};
 
 #[derive(Debug)]
 enum Record {
-    Statement { sql: String, error: Option<String>, line: usize },
-    Query { sql: String, rowsort: bool, error: Option<String>, expected: Vec<String>, line: usize },
+    Statement {
+        sql: String,
+        error: Option<String>,
+        line: usize,
+    },
+    Query {
+        sql: String,
+        rowsort: bool,
+        error: Option<String>,
+        expected: Vec<String>,
+        line: usize,
+    },
 }
 
 fn parse(text: &str) -> Vec<Record> {
@@ -50,7 +60,11 @@ fn parse(text: &str) -> Vec<Record> {
             (h.get(1) == Some(&"error")).then(|| h[2..].join(" "))
         };
         match header.first() {
-            Some(&"statement") => out.push(Record::Statement { sql, error: error_of(&header), line: header_line }),
+            Some(&"statement") => out.push(Record::Statement {
+                sql,
+                error: error_of(&header),
+                line: header_line,
+            }),
             Some(&"query") => {
                 let error = error_of(&header);
                 let rowsort = header.contains(&"rowsort");
@@ -62,7 +76,13 @@ fn parse(text: &str) -> Vec<Record> {
                         i += 1;
                     }
                 }
-                out.push(Record::Query { sql, rowsort, error, expected, line: header_line });
+                out.push(Record::Query {
+                    sql,
+                    rowsort,
+                    error,
+                    expected,
+                    line: header_line,
+                });
             }
             other => panic!("line {header_line}: unknown record {other:?}"),
         }
@@ -85,7 +105,11 @@ fn format_rows(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<
                 .zip(b.columns())
                 .map(|(f, c)| {
                     let s = f.value(r).to_string();
-                    if s.is_empty() && !c.is_null(r) { "(empty)".to_string() } else { s }
+                    if s.is_empty() && !c.is_null(r) {
+                        "(empty)".to_string()
+                    } else {
+                        s
+                    }
                 })
                 .collect();
             rows.push(cells.join(" "));
@@ -96,7 +120,9 @@ fn format_rows(batches: &[datafusion::arrow::record_batch::RecordBatch]) -> Vec<
 
 async fn run_file(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).expect("read slt");
-    let ctx = new_session(&SessionOptions::default()).await.expect("session");
+    let ctx = new_session(&SessionOptions::default())
+        .await
+        .expect("session");
     let mut failures = Vec::new();
     let name = path.file_name().unwrap().to_string_lossy().to_string();
     for rec in parse(&text) {
@@ -109,11 +135,21 @@ async fn run_file(path: &Path) -> Vec<String> {
                 match (res, error) {
                     (Ok(()), None) => {}
                     (Err(e), Some(want)) if e.to_string().contains(&want) => {}
-                    (Ok(()), Some(want)) => failures.push(format!("{name}:{line}: expected error containing `{want}`, statement succeeded")),
-                    (Err(e), want) => failures.push(format!("{name}:{line}: unexpected error (wanted {want:?}): {e}")),
+                    (Ok(()), Some(want)) => failures.push(format!(
+                        "{name}:{line}: expected error containing `{want}`, statement succeeded"
+                    )),
+                    (Err(e), want) => failures.push(format!(
+                        "{name}:{line}: unexpected error (wanted {want:?}): {e}"
+                    )),
                 }
             }
-            Record::Query { sql, rowsort, error, expected, line } => {
+            Record::Query {
+                sql,
+                rowsort,
+                error,
+                expected,
+                line,
+            } => {
                 let res = match ctx.sql(&sql).await {
                     Ok(df) => df.collect().await,
                     Err(e) => Err(e),
@@ -135,8 +171,12 @@ async fn run_file(path: &Path) -> Vec<String> {
                         }
                     }
                     (Err(e), Some(want)) if e.to_string().contains(&want) => {}
-                    (Ok(_), Some(want)) => failures.push(format!("{name}:{line}: expected error containing `{want}`, query succeeded")),
-                    (Err(e), want) => failures.push(format!("{name}:{line}: unexpected error (wanted {want:?}): {e}")),
+                    (Ok(_), Some(want)) => failures.push(format!(
+                        "{name}:{line}: expected error containing `{want}`, query succeeded"
+                    )),
+                    (Err(e), want) => failures.push(format!(
+                        "{name}:{line}: unexpected error (wanted {want:?}): {e}"
+                    )),
                 }
             }
         }
@@ -154,11 +194,17 @@ fn main() {
         .collect();
     files.sort();
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut failed = 0;
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().to_string();
-        if filter.as_ref().is_some_and(|flt| !name.contains(flt.as_str())) {
+        if filter
+            .as_ref()
+            .is_some_and(|flt| !name.contains(flt.as_str()))
+        {
             continue;
         }
         let failures = rt.block_on(run_file(f));

@@ -209,7 +209,11 @@ pub struct BatchSource {
 impl BatchSource {
     /// Batches already in memory (e.g. the result of a SQL query); `label` names the source
     /// in error messages.
-    pub fn from_batches(label: impl Into<String>, schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+    pub fn from_batches(
+        label: impl Into<String>,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Self {
         BatchSource {
             schema,
             batches: Box::new(batches.into_iter().map(Ok)),
@@ -665,7 +669,10 @@ pub fn read_wide(path: &Path, opts: &ReadOptions) -> Result<(DesignBuilder, Read
 }
 
 /// Read the wide format from a batch source (file or query result).
-pub fn read_wide_from(source: BatchSource, opts: &ReadOptions) -> Result<(DesignBuilder, ReadReport)> {
+pub fn read_wide_from(
+    source: BatchSource,
+    opts: &ReadOptions,
+) -> Result<(DesignBuilder, ReadReport)> {
     let mut builder = DesignBuilder::new();
     let mut report = ReadReport::default();
     let file = source.label().to_string();

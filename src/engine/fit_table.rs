@@ -22,7 +22,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{exec_datafusion_err, plan_err, DataFusionError, Result as DfResult, ScalarValue};
+use datafusion::common::{
+    exec_datafusion_err, plan_err, DataFusionError, Result as DfResult, ScalarValue,
+};
 use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
 use datafusion::logical_expr::Expr;
@@ -103,7 +105,10 @@ pub fn string_args(function: &str, exprs: &[Expr], usage: &str) -> DfResult<Vec<
             | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
             | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
             Expr::Literal(v, _) if v.is_null() => {
-                plan_err!("{function}: argument {} is NULL; expected a string ({usage})", i + 1)
+                plan_err!(
+                    "{function}: argument {} is NULL; expected a string ({usage})",
+                    i + 1
+                )
             }
             other => plan_err!(
                 "{function}: argument {} must be a string literal ({usage}), got {other}",
@@ -131,7 +136,11 @@ pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfRe
     if options.len() > 1 {
         return plan_err!("{function}: more than one options object");
     }
-    if args.last().is_some_and(|a| !a.trim_start().starts_with('{')) && !options.is_empty() {
+    if args
+        .last()
+        .is_some_and(|a| !a.trim_start().starts_with('{'))
+        && !options.is_empty()
+    {
         return plan_err!("{function}: the options object must be the last argument");
     }
     if tables.is_empty() || tables.len() > 2 {
@@ -174,7 +183,9 @@ pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn Execut
     let state = state
         .as_any()
         .downcast_ref::<SessionState>()
-        .ok_or_else(|| exec_datafusion_err!("epifusion table functions need a DataFusion SessionState"))?;
+        .ok_or_else(|| {
+            exec_datafusion_err!("epifusion table functions need a DataFusion SessionState")
+        })?;
     let plan = state.create_logical_plan(sql).await?;
     state.create_physical_plan(&plan).await
 }
@@ -260,7 +271,13 @@ impl FitExec {
 
 impl DisplayAs for FitExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "FitExec: {} ({}), outcomes: {}", self.function, self.model.name(), self.call.outcomes)?;
+        write!(
+            f,
+            "FitExec: {} ({}), outcomes: {}",
+            self.function,
+            self.model.name(),
+            self.call.outcomes
+        )?;
         if let Some(c) = &self.call.covariates {
             write!(f, ", covariates: {c}")?;
         }
@@ -340,9 +357,15 @@ impl ExecutionPlan for FitExec {
         Ok(self)
     }
 
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
         if partition != 0 {
-            return Err(exec_datafusion_err!("FitExec has one partition, asked for {partition}"));
+            return Err(exec_datafusion_err!(
+                "FitExec has one partition, asked for {partition}"
+            ));
         }
         let schema = self.properties.eq_properties.schema().clone();
         let model = self.model;
@@ -357,6 +380,9 @@ impl ExecutionPlan for FitExec {
                 None => Ok(batch),
             }
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::once(fut))))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(fut),
+        )))
     }
 }

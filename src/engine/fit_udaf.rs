@@ -26,8 +26,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, Int64Builder, ListArray, ListBuilder,
-    StringArray, StructArray,
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, Int64Builder, ListArray,
+    ListBuilder, StringArray, StructArray,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
@@ -49,7 +49,10 @@ pub const FIT_AGGREGATES: &[(&str, ModelKind)] = &[
     ("fine_gray_fit_agg", ModelKind::FineGray),
     ("logistic_fit_agg", ModelKind::Logistic),
     ("poisson_fit_agg", ModelKind::Poisson),
-    ("conditional_logistic_fit_agg", ModelKind::ConditionalLogistic),
+    (
+        "conditional_logistic_fit_agg",
+        ModelKind::ConditionalLogistic,
+    ),
 ];
 
 /// Fields of one coefficient in the result list.
@@ -67,7 +70,11 @@ pub fn coefficient_fields() -> Fields {
 }
 
 fn result_type() -> DataType {
-    DataType::List(Arc::new(Field::new("item", DataType::Struct(coefficient_fields()), true)))
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(coefficient_fields()),
+        true,
+    )))
 }
 
 /// A fitting aggregate for one model.
@@ -94,10 +101,19 @@ const USAGE: &str = "stratum_id, time, y, covariate_ids [, covariate_values] [, 
 /// Which optional arguments are present, from the argument types.
 fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
     if types.len() < 4 || types.len() > 6 {
-        return plan_err!("{name} takes 4 to 6 arguments ({USAGE}), got {}", types.len());
+        return plan_err!(
+            "{name} takes 4 to 6 arguments ({USAGE}), got {}",
+            types.len()
+        );
     }
-    let is_text = |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
-    let is_list = |t: &DataType| matches!(t, DataType::List(_) | DataType::LargeList(_) | DataType::Null);
+    let is_text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let is_list = |t: &DataType| {
+        matches!(
+            t,
+            DataType::List(_) | DataType::LargeList(_) | DataType::Null
+        )
+    };
     let has_options = is_text(&types[types.len() - 1]);
     let has_values = types.len() - usize::from(has_options) == 5;
     if types.len() - usize::from(has_options) > 5 {
@@ -105,14 +121,20 @@ fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
     }
     for (i, t) in types.iter().enumerate().take(3) {
         if !(t.is_numeric() || *t == DataType::Null) {
-            return plan_err!("{name}: argument {} must be numeric ({USAGE}), got {t}", i + 1);
+            return plan_err!(
+                "{name}: argument {} must be numeric ({USAGE}), got {t}",
+                i + 1
+            );
         }
     }
     if !is_list(&types[3]) {
         return plan_err!("{name}: argument 4 (covariate_ids) must be a list of ids, e.g. array_agg(covariate_id), got {}", types[3]);
     }
     if has_values && !is_list(&types[4]) {
-        return plan_err!("{name}: argument 5 (covariate_values) must be a list of numbers, got {}", types[4]);
+        return plan_err!(
+            "{name}: argument 5 (covariate_values) must be a list of numbers, got {}",
+            types[4]
+        );
     }
     Ok((has_values, has_options))
 }
@@ -132,18 +154,32 @@ impl AggregateUDFImpl for FitAggregate {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> DfResult<Box<dyn Accumulator>> {
-        let types: Vec<DataType> = args.exprs.iter().map(|e| e.data_type(args.schema)).collect::<DfResult<_>>()?;
+        let types: Vec<DataType> = args
+            .exprs
+            .iter()
+            .map(|e| e.data_type(args.schema))
+            .collect::<DfResult<_>>()?;
         let (has_values, has_options) = layout(self.name, &types)?;
         let options_json = if has_options {
             let expr = &args.exprs[args.exprs.len() - 1];
             match expr.downcast_ref::<Literal>().map(|l| l.value()) {
-                Some(ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) | ScalarValue::Utf8View(Some(s))) => s.clone(),
-                _ => return plan_err!("{}: the options argument must be a constant JSON string", self.name),
+                Some(
+                    ScalarValue::Utf8(Some(s))
+                    | ScalarValue::LargeUtf8(Some(s))
+                    | ScalarValue::Utf8View(Some(s)),
+                ) => s.clone(),
+                _ => {
+                    return plan_err!(
+                        "{}: the options argument must be a constant JSON string",
+                        self.name
+                    )
+                }
             }
         } else {
             String::new()
         };
-        let options = parse_fit_options(self.model, &options_json).map_err(crate::engine::fit_table::to_df_error)?;
+        let options = parse_fit_options(self.model, &options_json)
+            .map_err(crate::engine::fit_table::to_df_error)?;
         Ok(Box::new(FitAccumulator {
             model: self.model,
             options,
@@ -154,7 +190,11 @@ impl AggregateUDFImpl for FitAggregate {
 
     fn state_fields(&self, args: StateFieldsArgs) -> DfResult<Vec<FieldRef>> {
         let list = |name: &str, t: DataType| {
-            Arc::new(Field::new(format!("{}[{name}]", args.name), DataType::List(Arc::new(Field::new("item", t, true))), true))
+            Arc::new(Field::new(
+                format!("{}[{name}]", args.name),
+                DataType::List(Arc::new(Field::new("item", t, true))),
+                true,
+            ))
         };
         let inner_i = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
         let inner_f = DataType::List(Arc::new(Field::new("item", DataType::Float64, true)));
@@ -187,11 +227,15 @@ struct FitAccumulator {
 }
 
 fn as_i64(a: &ArrayRef) -> DfResult<Int64Array> {
-    Ok(cast(a, &DataType::Int64)?.as_primitive::<datafusion::arrow::datatypes::Int64Type>().clone())
+    Ok(cast(a, &DataType::Int64)?
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .clone())
 }
 
 fn as_f64(a: &ArrayRef) -> DfResult<Float64Array> {
-    Ok(cast(a, &DataType::Float64)?.as_primitive::<datafusion::arrow::datatypes::Float64Type>().clone())
+    Ok(cast(a, &DataType::Float64)?
+        .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+        .clone())
 }
 
 fn list_i64(a: &ArrayRef) -> DfResult<ListArray> {
@@ -215,7 +259,10 @@ impl FitAccumulator {
     ) -> DfResult<()> {
         for i in 0..time.len() {
             if y.is_null(i) {
-                return exec_err!("y is NULL in an input row of the {} aggregate", self.model.name());
+                return exec_err!(
+                    "y is NULL in an input row of the {} aggregate",
+                    self.model.name()
+                );
             }
             let id_list: Vec<i64> = if ids.is_null(i) {
                 Vec::new()
@@ -256,7 +303,11 @@ impl FitAccumulator {
         Ok(())
     }
 
-    fn fit_group(model: ModelKind, options: &FitOptions, mut rows: Vec<Row>) -> crate::Result<crate::fit::FitResult> {
+    fn fit_group(
+        model: ModelKind,
+        options: &FitOptions,
+        mut rows: Vec<Row>,
+    ) -> crate::Result<crate::fit::FitResult> {
         // Canonical order: results never depend on batch arrival order.
         rows.sort_by(|a, b| {
             a.stratum
@@ -265,7 +316,12 @@ impl FitAccumulator {
                 .then(a.y.total_cmp(&b.y))
                 .then(a.ids.cmp(&b.ids))
                 .then_with(|| {
-                    a.values.iter().zip(&b.values).map(|(x, y)| x.total_cmp(y)).find(|o| o.is_ne()).unwrap_or(std::cmp::Ordering::Equal)
+                    a.values
+                        .iter()
+                        .zip(&b.values)
+                        .map(|(x, y)| x.total_cmp(y))
+                        .find(|o| o.is_ne())
+                        .unwrap_or(std::cmp::Ordering::Equal)
                 })
         });
         let mut b = DesignBuilder::new();
@@ -300,7 +356,11 @@ impl Accumulator for FitAccumulator {
         let time = as_f64(&values[1])?;
         let y = as_f64(&values[2])?;
         let ids = list_i64(&values[3])?;
-        let vals = if self.has_values { Some(list_f64(&values[4])?) } else { None };
+        let vals = if self.has_values {
+            Some(list_f64(&values[4])?)
+        } else {
+            None
+        };
         self.push_rows(&strata, &time, &y, &ids, vals.as_ref())
     }
 
@@ -315,32 +375,49 @@ impl Accumulator for FitAccumulator {
         let rows = std::mem::take(&mut self.rows);
         let (model, options) = (self.model, self.options.clone());
         let result = run_blocking(move || FitAccumulator::fit_group(model, &options, rows));
-        let (ids, est, se, lo, hi, ll, it, status): (Vec<Option<i64>>, Vec<Option<f64>>, Vec<Option<f64>>, Vec<Option<f64>>, Vec<Option<f64>>, Vec<Option<f64>>, Vec<Option<i64>>, Vec<String>) = match result {
-            Ok(r) => {
-                let n = r.coefficients.len();
-                (
-                    r.coefficients.iter().map(|c| (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id)).collect(),
-                    r.coefficients.iter().map(|c| Some(c.estimate)).collect(),
-                    r.coefficients.iter().map(|c| c.std_error).collect(),
-                    r.coefficients.iter().map(|c| c.ci_lower).collect(),
-                    r.coefficients.iter().map(|c| c.ci_upper).collect(),
-                    vec![Some(r.log_likelihood); n],
-                    vec![Some(r.iterations as i64); n],
-                    vec![r.status.name().to_string(); n],
-                )
-            }
-            Err(e) => (vec![None], vec![None], vec![None], vec![None], vec![None], vec![None], vec![None], vec![format!("failed: {e}")]),
+        // One entry per coefficient: (id, estimate, se, lower, upper), plus fit-level values.
+        type Coef = (
+            Option<i64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+        );
+        let (coefs, ll, it, status): (Vec<Coef>, Option<f64>, Option<i64>, String) = match result {
+            Ok(r) => (
+                r.coefficients
+                    .iter()
+                    .map(|c| {
+                        (
+                            (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id),
+                            Some(c.estimate),
+                            c.std_error,
+                            c.ci_lower,
+                            c.ci_upper,
+                        )
+                    })
+                    .collect(),
+                Some(r.log_likelihood),
+                Some(r.iterations as i64),
+                r.status.name().to_string(),
+            ),
+            Err(e) => (
+                vec![(None, None, None, None, None)],
+                None,
+                None,
+                format!("failed: {e}"),
+            ),
         };
-        let n = status.len();
+        let n = coefs.len();
         let columns: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(ids)),
-            Arc::new(Float64Array::from(est)),
-            Arc::new(Float64Array::from(se)),
-            Arc::new(Float64Array::from(lo)),
-            Arc::new(Float64Array::from(hi)),
-            Arc::new(Float64Array::from(ll)),
-            Arc::new(Int64Array::from(it)),
-            Arc::new(StringArray::from(status)),
+            Arc::new(Int64Array::from_iter(coefs.iter().map(|c| c.0))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.1))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.2))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.3))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.4))),
+            Arc::new(Float64Array::from(vec![ll; n])),
+            Arc::new(Int64Array::from(vec![it; n])),
+            Arc::new(StringArray::from(vec![status; n])),
         ];
         let structs = StructArray::try_new(fields.clone(), columns, None)?;
         let list = ListArray::try_new(
@@ -354,7 +431,11 @@ impl Accumulator for FitAccumulator {
 
     fn size(&self) -> usize {
         std::mem::size_of_val(self)
-            + self.rows.iter().map(|r| std::mem::size_of::<Row>() + r.ids.len() * 8 + r.values.len() * 8).sum::<usize>()
+            + self
+                .rows
+                .iter()
+                .map(|r| std::mem::size_of::<Row>() + r.ids.len() * 8 + r.values.len() * 8)
+                .sum::<usize>()
     }
 
     fn state(&mut self) -> DfResult<Vec<ScalarValue>> {
@@ -387,7 +468,13 @@ impl Accumulator for FitAccumulator {
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> DfResult<()> {
-        let (s, t, yv, i, v) = (states[0].as_list::<i32>(), states[1].as_list::<i32>(), states[2].as_list::<i32>(), states[3].as_list::<i32>(), states[4].as_list::<i32>());
+        let (s, t, yv, i, v) = (
+            states[0].as_list::<i32>(),
+            states[1].as_list::<i32>(),
+            states[2].as_list::<i32>(),
+            states[3].as_list::<i32>(),
+            states[4].as_list::<i32>(),
+        );
         for k in 0..s.len() {
             if s.is_null(k) {
                 continue;

@@ -25,21 +25,160 @@ use futures::TryStreamExt;
 
 /// CDM tables epifusion knows, with the standard columns added as NULL when missing.
 pub const CDM_TABLES: &[(&str, &[&str])] = &[
-    ("person", &["person_id", "gender_concept_id", "year_of_birth", "month_of_birth", "day_of_birth", "birth_datetime", "race_concept_id", "ethnicity_concept_id"]),
-    ("observation_period", &["observation_period_id", "person_id", "observation_period_start_date", "observation_period_end_date", "period_type_concept_id"]),
-    ("drug_exposure", &["drug_exposure_id", "person_id", "drug_concept_id", "drug_exposure_start_date", "drug_exposure_end_date", "drug_type_concept_id", "days_supply", "quantity", "visit_occurrence_id"]),
-    ("drug_era", &["drug_era_id", "person_id", "drug_concept_id", "drug_era_start_date", "drug_era_end_date", "drug_exposure_count", "gap_days"]),
-    ("condition_occurrence", &["condition_occurrence_id", "person_id", "condition_concept_id", "condition_start_date", "condition_end_date", "condition_type_concept_id", "visit_occurrence_id"]),
-    ("condition_era", &["condition_era_id", "person_id", "condition_concept_id", "condition_era_start_date", "condition_era_end_date", "condition_occurrence_count"]),
-    ("death", &["person_id", "death_date", "death_type_concept_id", "cause_concept_id"]),
-    ("visit_occurrence", &["visit_occurrence_id", "person_id", "visit_concept_id", "visit_start_date", "visit_end_date"]),
-    ("procedure_occurrence", &["procedure_occurrence_id", "person_id", "procedure_concept_id", "procedure_date"]),
-    ("measurement", &["measurement_id", "person_id", "measurement_concept_id", "measurement_date", "value_as_number", "unit_concept_id"]),
-    ("observation", &["observation_id", "person_id", "observation_concept_id", "observation_date"]),
-    ("concept", &["concept_id", "concept_name", "domain_id", "vocabulary_id", "concept_class_id", "standard_concept", "concept_code"]),
-    ("concept_ancestor", &["ancestor_concept_id", "descendant_concept_id", "min_levels_of_separation", "max_levels_of_separation"]),
-    ("concept_relationship", &["concept_id_1", "concept_id_2", "relationship_id"]),
-    ("cohort", &["cohort_definition_id", "subject_id", "cohort_start_date", "cohort_end_date"]),
+    (
+        "person",
+        &[
+            "person_id",
+            "gender_concept_id",
+            "year_of_birth",
+            "month_of_birth",
+            "day_of_birth",
+            "birth_datetime",
+            "race_concept_id",
+            "ethnicity_concept_id",
+        ],
+    ),
+    (
+        "observation_period",
+        &[
+            "observation_period_id",
+            "person_id",
+            "observation_period_start_date",
+            "observation_period_end_date",
+            "period_type_concept_id",
+        ],
+    ),
+    (
+        "drug_exposure",
+        &[
+            "drug_exposure_id",
+            "person_id",
+            "drug_concept_id",
+            "drug_exposure_start_date",
+            "drug_exposure_end_date",
+            "drug_type_concept_id",
+            "days_supply",
+            "quantity",
+            "visit_occurrence_id",
+        ],
+    ),
+    (
+        "drug_era",
+        &[
+            "drug_era_id",
+            "person_id",
+            "drug_concept_id",
+            "drug_era_start_date",
+            "drug_era_end_date",
+            "drug_exposure_count",
+            "gap_days",
+        ],
+    ),
+    (
+        "condition_occurrence",
+        &[
+            "condition_occurrence_id",
+            "person_id",
+            "condition_concept_id",
+            "condition_start_date",
+            "condition_end_date",
+            "condition_type_concept_id",
+            "visit_occurrence_id",
+        ],
+    ),
+    (
+        "condition_era",
+        &[
+            "condition_era_id",
+            "person_id",
+            "condition_concept_id",
+            "condition_era_start_date",
+            "condition_era_end_date",
+            "condition_occurrence_count",
+        ],
+    ),
+    (
+        "death",
+        &[
+            "person_id",
+            "death_date",
+            "death_type_concept_id",
+            "cause_concept_id",
+        ],
+    ),
+    (
+        "visit_occurrence",
+        &[
+            "visit_occurrence_id",
+            "person_id",
+            "visit_concept_id",
+            "visit_start_date",
+            "visit_end_date",
+        ],
+    ),
+    (
+        "procedure_occurrence",
+        &[
+            "procedure_occurrence_id",
+            "person_id",
+            "procedure_concept_id",
+            "procedure_date",
+        ],
+    ),
+    (
+        "measurement",
+        &[
+            "measurement_id",
+            "person_id",
+            "measurement_concept_id",
+            "measurement_date",
+            "value_as_number",
+            "unit_concept_id",
+        ],
+    ),
+    (
+        "observation",
+        &[
+            "observation_id",
+            "person_id",
+            "observation_concept_id",
+            "observation_date",
+        ],
+    ),
+    (
+        "concept",
+        &[
+            "concept_id",
+            "concept_name",
+            "domain_id",
+            "vocabulary_id",
+            "concept_class_id",
+            "standard_concept",
+            "concept_code",
+        ],
+    ),
+    (
+        "concept_ancestor",
+        &[
+            "ancestor_concept_id",
+            "descendant_concept_id",
+            "min_levels_of_separation",
+            "max_levels_of_separation",
+        ],
+    ),
+    (
+        "concept_relationship",
+        &["concept_id_1", "concept_id_2", "relationship_id"],
+    ),
+    (
+        "cohort",
+        &[
+            "cohort_definition_id",
+            "subject_id",
+            "cohort_start_date",
+            "cohort_end_date",
+        ],
+    ),
     ("visit_detail", &[]),
     ("device_exposure", &[]),
     ("specimen", &[]),
@@ -69,19 +208,36 @@ pub fn column_type(name: &str) -> Option<&'static str> {
         || n.starts_with("concept_id_")
         || matches!(
             n.as_str(),
-            "year_of_birth" | "month_of_birth" | "day_of_birth" | "days_supply" | "refills"
-                | "drug_exposure_count" | "condition_occurrence_count" | "gap_days"
-                | "min_levels_of_separation" | "max_levels_of_separation" | "quantity_int"
+            "year_of_birth"
+                | "month_of_birth"
+                | "day_of_birth"
+                | "days_supply"
+                | "refills"
+                | "drug_exposure_count"
+                | "condition_occurrence_count"
+                | "gap_days"
+                | "min_levels_of_separation"
+                | "max_levels_of_separation"
+                | "quantity_int"
         )
     {
         // `domain_id`, `vocabulary_id`, `concept_class_id`, `relationship_id` are text codes.
-        if matches!(n.as_str(), "domain_id" | "vocabulary_id" | "concept_class_id" | "relationship_id" | "vocabulary_version")
-        {
+        if matches!(
+            n.as_str(),
+            "domain_id"
+                | "vocabulary_id"
+                | "concept_class_id"
+                | "relationship_id"
+                | "vocabulary_version"
+        ) {
             None
         } else {
             Some("BIGINT")
         }
-    } else if matches!(n.as_str(), "quantity" | "value_as_number" | "range_low" | "range_high") {
+    } else if matches!(
+        n.as_str(),
+        "quantity" | "value_as_number" | "range_low" | "range_high"
+    ) {
         Some("DOUBLE")
     } else {
         None
@@ -116,12 +272,16 @@ pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<Foun
     let mut found: BTreeMap<String, FoundTable> = BTreeMap::new();
     for meta in files {
         let path = meta.location.as_ref();
-        let rel = path.strip_prefix(table_url.prefix().as_ref()).unwrap_or(path);
+        let rel = path
+            .strip_prefix(table_url.prefix().as_ref())
+            .unwrap_or(path);
         let rel = rel.trim_start_matches('/');
         if rel.contains('/') {
             continue;
         }
-        let Some((stem, ext)) = rel.rsplit_once('.') else { continue };
+        let Some((stem, ext)) = rel.rsplit_once('.') else {
+            continue;
+        };
         let ext = ext.to_ascii_lowercase();
         if ext != "parquet" && ext != "csv" {
             continue;
@@ -131,7 +291,11 @@ pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<Foun
             continue;
         }
         let url = format!("{}{}", dir, rel);
-        let entry = FoundTable { name: name.clone(), url, format: ext.clone() };
+        let entry = FoundTable {
+            name: name.clone(),
+            url,
+            format: ext.clone(),
+        };
         match found.get(&name) {
             Some(existing) if existing.format == "parquet" => {}
             _ => {
@@ -146,9 +310,7 @@ pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<Foun
 pub async fn register_omop(ctx: &SessionContext, location: &str) -> DfResult<Vec<FoundTable>> {
     let tables = discover(ctx, location).await?;
     if tables.is_empty() {
-        return plan_err!(
-            "no OMOP CDM tables (person.parquet, person.csv, …) found in {location}"
-        );
+        return plan_err!("no OMOP CDM tables (person.parquet, person.csv, …) found in {location}");
     }
     for t in &tables {
         register_table(ctx, t).await?;
@@ -162,12 +324,15 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
     let _ = ctx.deregister_table(&raw)?;
     let _ = ctx.deregister_table(&t.name)?;
     if t.format == "parquet" {
-        ctx.register_parquet(&raw, &t.url, ParquetReadOptions::default()).await?;
+        ctx.register_parquet(&raw, &t.url, ParquetReadOptions::default())
+            .await?;
     } else {
         ctx.register_csv(
             &raw,
             &t.url,
-            CsvReadOptions::new().has_header(true).schema_infer_max_records(100_000),
+            CsvReadOptions::new()
+                .has_header(true)
+                .schema_infer_max_records(100_000),
         )
         .await?;
     }
@@ -181,9 +346,14 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
         let quoted = format!("\"{}\"", col.replace('"', "\"\""));
         // Text codes that happen to end in `_id` (e.g. `reverse_relationship_id`) stay text:
         // a text column becomes BIGINT only where the CDM defines an integer id.
-        let text = matches!(field.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+        let text = matches!(
+            field.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        );
         let standard_int = lower.ends_with("_concept_id")
-            || CDM_TABLES.iter().any(|(_, cols)| cols.contains(&lower.as_str()));
+            || CDM_TABLES
+                .iter()
+                .any(|(_, cols)| cols.contains(&lower.as_str()));
         let target = match column_type(&lower) {
             Some("BIGINT") if text && !standard_int => None,
             other => other,
@@ -201,7 +371,11 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
             }
         }
     }
-    let sql = format!("CREATE VIEW \"{}\" AS SELECT {} FROM \"{raw}\"", t.name, select.join(", "));
+    let sql = format!(
+        "CREATE VIEW \"{}\" AS SELECT {} FROM \"{raw}\"",
+        t.name,
+        select.join(", ")
+    );
     ctx.sql(&sql).await?.collect().await?;
     Ok(())
 }
@@ -210,28 +384,38 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
 /// `<destination>/<table>.parquet`. Each file is written under a temporary name and renamed
 /// when complete (local destinations), so an interrupted import never leaves a file that looks
 /// complete. Returns (table, rows) per table.
-pub async fn import(ctx: &SessionContext, source: &str, destination: &str) -> DfResult<Vec<(String, usize)>> {
+pub async fn import(
+    ctx: &SessionContext,
+    source: &str,
+    destination: &str,
+) -> DfResult<Vec<(String, usize)>> {
     let tables = register_omop(ctx, source).await?;
     let local = !destination.contains("://") || destination.starts_with("file://");
     let dest = destination.trim_end_matches('/');
     if local {
         let dir = dest.trim_start_matches("file://");
-        std::fs::create_dir_all(dir).map_err(|e| exec_datafusion_err!("cannot create {dir}: {e}"))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| exec_datafusion_err!("cannot create {dir}: {e}"))?;
     }
     let mut written = Vec::new();
     for t in &tables {
         let df = ctx.table(&t.name).await?;
         let rows = df.clone().count().await?;
         let final_path = format!("{dest}/{}.parquet", t.name);
-        let opts = datafusion::dataframe::DataFrameWriteOptions::new().with_single_file_output(true);
+        let opts =
+            datafusion::dataframe::DataFrameWriteOptions::new().with_single_file_output(true);
         if local {
             let tmp = format!("{dest}/.{}.parquet.partial", t.name);
-            let (from, to) = (tmp.trim_start_matches("file://"), final_path.trim_start_matches("file://"));
+            let (from, to) = (
+                tmp.trim_start_matches("file://"),
+                final_path.trim_start_matches("file://"),
+            );
             if let Err(e) = df.write_parquet(&tmp, opts, None).await {
                 let _ = std::fs::remove_file(from);
                 return Err(e);
             }
-            std::fs::rename(from, to).map_err(|e| exec_datafusion_err!("cannot rename {from} to {to}: {e}"))?;
+            std::fs::rename(from, to)
+                .map_err(|e| exec_datafusion_err!("cannot rename {from} to {to}: {e}"))?;
         } else {
             // Object stores make a single PUT / multipart upload visible atomically.
             df.write_parquet(&final_path, opts, None).await?;

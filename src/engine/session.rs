@@ -35,7 +35,9 @@ pub fn register_all(ctx: &SessionContext) {
         ctx.register_udtf(name, Arc::new(FitTableFunction::new(name, model)));
     }
     for &(name, model) in FIT_AGGREGATES {
-        ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(FitAggregate::new(name, model)));
+        ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(
+            FitAggregate::new(name, model),
+        ));
     }
 }
 

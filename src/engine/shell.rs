@@ -33,7 +33,10 @@ impl OutputFormat {
             "table" => Ok(OutputFormat::Table),
             "csv" => Ok(OutputFormat::Csv),
             "json" => Ok(OutputFormat::Json),
-            other => Err(crate::Error::option("format", format!("unknown `{other}`; expected table, csv or json"))),
+            other => Err(crate::Error::option(
+                "format",
+                format!("unknown `{other}`; expected table, csv or json"),
+            )),
         }
     }
 }
@@ -82,7 +85,9 @@ pub fn format_batches(batches: &[RecordBatch], format: OutputFormat) -> DfResult
         OutputFormat::Csv => {
             let mut buf = Vec::new();
             {
-                let mut w = datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(&mut buf);
+                let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(&mut buf);
                 for b in batches {
                     w.write(b)?;
                 }
@@ -111,26 +116,61 @@ fn batch_to_json(b: &RecordBatch) -> DfResult<Vec<serde_json::Value>> {
         let dt = col.data_type();
         if dt.is_integer() {
             let c = cast(col, &DataType::Int64)?;
-            let c = c.as_any().downcast_ref::<datafusion::arrow::array::Int64Array>().expect("cast to Int64");
+            let c = c
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .expect("cast to Int64");
             for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(name.clone(), if c.is_null(r) { serde_json::Value::Null } else { c.value(r).into() });
+                row.insert(
+                    name.clone(),
+                    if c.is_null(r) {
+                        serde_json::Value::Null
+                    } else {
+                        c.value(r).into()
+                    },
+                );
             }
         } else if dt.is_floating() {
             let c = cast(col, &DataType::Float64)?;
-            let c = c.as_any().downcast_ref::<datafusion::arrow::array::Float64Array>().expect("cast to Float64");
+            let c = c
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Float64Array>()
+                .expect("cast to Float64");
             for (r, row) in rows.iter_mut().enumerate() {
-                let v = if c.is_null(r) { serde_json::Value::Null } else { serde_json::Number::from_f64(c.value(r)).map_or(serde_json::Value::Null, serde_json::Value::Number) };
+                let v = if c.is_null(r) {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::Number::from_f64(c.value(r))
+                        .map_or(serde_json::Value::Null, serde_json::Value::Number)
+                };
                 row.insert(name.clone(), v);
             }
         } else if *dt == DataType::Boolean {
-            let c = col.as_any().downcast_ref::<datafusion::arrow::array::BooleanArray>().expect("boolean");
+            let c = col
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::BooleanArray>()
+                .expect("boolean");
             for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(name.clone(), if c.is_null(r) { serde_json::Value::Null } else { c.value(r).into() });
+                row.insert(
+                    name.clone(),
+                    if c.is_null(r) {
+                        serde_json::Value::Null
+                    } else {
+                        c.value(r).into()
+                    },
+                );
             }
         } else {
             let fmt = ArrayFormatter::try_new(col.as_ref(), &options)?;
             for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(name.clone(), if col.is_null(r) { serde_json::Value::Null } else { fmt.value(r).to_string().into() });
+                row.insert(
+                    name.clone(),
+                    if col.is_null(r) {
+                        serde_json::Value::Null
+                    } else {
+                        fmt.value(r).to_string().into()
+                    },
+                );
             }
         }
     }
@@ -171,7 +211,11 @@ pub async fn run_sql(
 
 async fn write_output(df: datafusion::dataframe::DataFrame, path: &Path) -> DfResult<()> {
     let p = path.to_string_lossy().to_string();
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     let opts = DataFrameWriteOptions::new().with_single_file_output(true);
     match ext.as_str() {
         "parquet" => {
@@ -190,9 +234,14 @@ async fn write_output(df: datafusion::dataframe::DataFrame, path: &Path) -> DfRe
                     text.push('\n');
                 }
             }
-            std::fs::write(path, text).map_err(|e| exec_datafusion_err!("cannot write {p}: {e}"))?;
+            std::fs::write(path, text)
+                .map_err(|e| exec_datafusion_err!("cannot write {p}: {e}"))?;
         }
-        other => return plan_err!("--output {p}: unknown extension `.{other}`; expected .parquet, .csv or .json"),
+        other => {
+            return plan_err!(
+                "--output {p}: unknown extension `.{other}`; expected .parquet, .csv or .json"
+            )
+        }
     }
     Ok(())
 }
@@ -205,10 +254,17 @@ pub async fn interactive(ctx: Arc<SessionContext>, format: OutputFormat) -> DfRe
     if let Some(h) = &history {
         let _ = rl.load_history(h);
     }
-    println!("epifusion SQL shell — statements end with `;`, \\q quits. Functions: {}", crate::engine::session::function_names().join(", "));
+    println!(
+        "epifusion SQL shell — statements end with `;`, \\q quits. Functions: {}",
+        crate::engine::session::function_names().join(", ")
+    );
     let mut buffer = String::new();
     loop {
-        let prompt = if buffer.is_empty() { "epifusion> " } else { "        -> " };
+        let prompt = if buffer.is_empty() {
+            "epifusion> "
+        } else {
+            "        -> "
+        };
         match rl.readline(prompt) {
             Ok(line) => {
                 let t = line.trim();

@@ -40,17 +40,23 @@ pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         "s3" | "s3a" => {
             let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+            {
                 b = b.with_region("us-east-1");
             }
-            if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")) {
+            if let Ok(endpoint) =
+                std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT"))
+            {
                 let http = endpoint.starts_with("http://");
                 b = b.with_endpoint(endpoint).with_allow_http(http);
                 if http {
                     b = b.with_virtual_hosted_style_request(false);
                 }
             }
-            Arc::new(b.build().map_err(|e| exec_datafusion_err!("s3://{bucket}: {e}"))?)
+            Arc::new(
+                b.build()
+                    .map_err(|e| exec_datafusion_err!("s3://{bucket}: {e}"))?,
+            )
         }
         "gs" => Arc::new(
             GoogleCloudStorageBuilder::from_env()
@@ -80,7 +86,11 @@ pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
 }
 
 impl ObjectStoreRegistry for EnvObjectStoreRegistry {
-    fn register_store(&self, url: &Url, store: Arc<dyn ObjectStore>) -> Option<Arc<dyn ObjectStore>> {
+    fn register_store(
+        &self,
+        url: &Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
         self.inner.register_store(url, store)
     }
 

@@ -39,17 +39,32 @@ fn cox_rows(csv: &str) -> Vec<Vec<String>> {
 #[test]
 fn gibleed_new_user_cox_runs_on_the_bundled_store() {
     let out = epifusion(
-        &["sql", "--omop", "data/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &[
+            "sql",
+            "--omop",
+            "data/gibleed",
+            "-f",
+            "sql/gibleed_new_user_cox.sql",
+            "--format",
+            "csv",
+        ],
         &[],
     );
     let text = ok(&out);
     // Attrition: step 1 counts every first exposure with an observation period: 2,630 of the
     // 2,694 persons (the others have none containing their first NSAID era).
-    assert!(text.contains("step,description,treatment,subjects"), "{text}");
+    assert!(
+        text.contains("step,description,treatment,subjects"),
+        "{text}"
+    );
     let rows = cox_rows(&text);
     assert_eq!(rows.len(), 2, "{text}");
     for r in &rows {
-        let (est, lo, hi): (f64, f64, f64) = (r[1].parse().unwrap(), r[4].parse().unwrap(), r[5].parse().unwrap());
+        let (est, lo, hi): (f64, f64, f64) = (
+            r[1].parse().unwrap(),
+            r[4].parse().unwrap(),
+            r[5].parse().unwrap(),
+        );
         assert!(lo < est.exp() && est.exp() < hi, "CI around the HR: {r:?}");
         assert_eq!(r.last().unwrap(), "converged");
     }
@@ -57,7 +72,10 @@ fn gibleed_new_user_cox_runs_on_the_bundled_store() {
 
 #[test]
 fn sql_errors_are_clear() {
-    let out = epifusion(&["sql", "-c", "SELECT * FROM cox_fit('no_such_table')"], &[]);
+    let out = epifusion(
+        &["sql", "-c", "SELECT * FROM cox_fit('no_such_table')"],
+        &[],
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no_such_table"), "{err}");
@@ -76,7 +94,15 @@ fn output_file_formats() {
         let path = dir.join(format!("r.{ext}"));
         let p = path.to_string_lossy().to_string();
         ok(&epifusion(
-            &["sql", "--omop", "data/gibleed", "-c", "SELECT person_id, gender_concept_id FROM person ORDER BY person_id LIMIT 3", "--output", &p],
+            &[
+                "sql",
+                "--omop",
+                "data/gibleed",
+                "-c",
+                "SELECT person_id, gender_concept_id FROM person ORDER BY person_id LIMIT 3",
+                "--output",
+                &p,
+            ],
             &[],
         ));
         assert!(path.metadata().unwrap().len() > 0, "{p}");
@@ -106,7 +132,11 @@ impl Drop for Moto {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start_moto() -> Option<Moto> {
@@ -129,7 +159,10 @@ fn start_moto() -> Option<Moto> {
     let moto = Moto { child, port };
     let started = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(30), "moto_server did not start");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "moto_server did not start"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Some(moto)
@@ -158,19 +191,42 @@ fn gibleed_from_s3_matches_local() {
     create_bucket(moto.port, "cdm");
     let env = s3_env(moto.port);
     // Import the CSV-free Parquet store into S3 (exercises writing to an object store).
-    assert!(Path::new(env!("CARGO_MANIFEST_DIR")).join("data/gibleed/person.parquet").exists());
+    assert!(Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/gibleed/person.parquet")
+        .exists());
     let imported = epifusion(&["import", "data/gibleed", "s3://cdm/gibleed"], &env);
     ok(&imported);
     assert!(String::from_utf8_lossy(&imported.stderr).contains("person: 2694 rows"));
     let remote = ok(&epifusion(
-        &["sql", "--omop", "s3://cdm/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &[
+            "sql",
+            "--omop",
+            "s3://cdm/gibleed",
+            "-f",
+            "sql/gibleed_new_user_cox.sql",
+            "--format",
+            "csv",
+        ],
         &env,
     ));
     let local = ok(&epifusion(
-        &["sql", "--omop", "data/gibleed", "-f", "sql/gibleed_new_user_cox.sql", "--format", "csv"],
+        &[
+            "sql",
+            "--omop",
+            "data/gibleed",
+            "-f",
+            "sql/gibleed_new_user_cox.sql",
+            "--format",
+            "csv",
+        ],
         &[],
     ));
-    let strip_seconds = |t: &str| cox_rows(t).into_iter().map(|r| r[..4].to_vec()).collect::<Vec<_>>();
+    let strip_seconds = |t: &str| {
+        cox_rows(t)
+            .into_iter()
+            .map(|r| r[..4].to_vec())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(strip_seconds(&remote), strip_seconds(&local));
     assert!(!strip_seconds(&remote).is_empty());
     // CREATE EXTERNAL TABLE on an s3:// URL.
@@ -180,6 +236,9 @@ fn gibleed_from_s3_matches_local() {
     ));
     assert!(n.contains("n\n2694"), "{n}");
     // A missing bucket is a clear error.
-    let out = epifusion(&["sql", "--omop", "s3://no-such-bucket/x", "-c", "SELECT 1"], &env);
+    let out = epifusion(
+        &["sql", "--omop", "s3://no-such-bucket/x", "-c", "SELECT 1"],
+        &env,
+    );
     assert!(!out.status.success());
 }
