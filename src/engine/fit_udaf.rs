@@ -148,6 +148,10 @@ impl AggregateUDFImpl for FitAggregate {
         &self.signature
     }
 
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::engine::docs::doc(self.name)
+    }
+
     fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
         layout(self.name, arg_types)?;
         Ok(result_type())

@@ -3,10 +3,12 @@
 //! * [`convert`]: reading the long and wide input formats into a
 //!   [`crate::model::design::DesignBuilder`] and writing result tables;
 //! * [`options`]: JSON fit options;
+//! * [`docs`]: the documentation of every SQL function (`SELECT * FROM epifusion_functions()`);
 //! * [`session`], [`fit_table`], [`fit_udaf`], [`omop`], [`store`], [`shell`]: SQL sessions, the fitting table
 //!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
 pub mod convert;
+pub mod docs;
 pub mod fit_table;
 pub mod fit_udaf;
 pub mod omop;

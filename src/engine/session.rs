@@ -26,6 +26,7 @@ pub fn function_names() -> Vec<&'static str> {
         .iter()
         .chain(FIT_AGGREGATES)
         .map(|(n, _)| *n)
+        .chain(["epifusion_functions"])
         .collect()
 }
 
@@ -34,6 +35,10 @@ pub fn register_all(ctx: &SessionContext) {
     for &(name, model) in FIT_FUNCTIONS {
         ctx.register_udtf(name, Arc::new(FitTableFunction::new(name, model)));
     }
+    ctx.register_udtf(
+        "epifusion_functions",
+        Arc::new(crate::engine::docs::FunctionsTable),
+    );
     for &(name, model) in FIT_AGGREGATES {
         ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(
             FitAggregate::new(name, model),
@@ -70,5 +75,18 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn every_function_is_documented_with_an_example() {
+        for name in function_names() {
+            let d = crate::engine::docs::doc(name)
+                .unwrap_or_else(|| panic!("{name} has no documentation"));
+            assert!(
+                d.sql_example.as_deref().is_some_and(|e| e.contains(name)),
+                "{name}"
+            );
+            assert!(d.syntax_example.starts_with(name), "{name}");
+        }
     }
 }

@@ -1,0 +1,190 @@
+//! Documentation of every epifusion SQL function (DataFusion's [`Documentation`]), also
+//! queryable from SQL: `SELECT * FROM epifusion_functions()`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::{plan_err, Result as DfResult};
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::logical_expr::{DocSection, Documentation, Expr};
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::engine::fit_table::FIT_FUNCTIONS;
+use crate::engine::fit_udaf::FIT_AGGREGATES;
+use crate::model::ModelKind;
+
+const SECTION: DocSection = DocSection {
+    include: true,
+    label: "epifusion",
+    description: Some("Regularized regression for drug-safety studies"),
+};
+
+const OPTIONS_DOC: &str = "JSON object: prior (none|laplace|normal), variance or lambda, exclude \
+    (covariate ids never penalized), ties (breslow|efron), convergence (objective|gradient), \
+    tolerance [1e-6], max_iterations [1000], ci (profile|wald|none), ci_level [0.95], device \
+    (auto|cpu|cuda), threads";
+
+fn model_words(model: ModelKind) -> &'static str {
+    match model {
+        ModelKind::ConditionalPoisson => "a self-controlled case series (conditional Poisson with log(time) offset, strata = cases)",
+        ModelKind::Cox => "a Cox proportional-hazards model (Breslow or Efron ties, strata, weights, (start, stop] rows)",
+        ModelKind::FineGray => "a Fine–Gray subdistribution-hazards model (y: 1 event, 2 competing, 0 censored; IPCW weights computed)",
+        ModelKind::Logistic => "a logistic regression (with intercept)",
+        ModelKind::Poisson => "a Poisson regression (with intercept and log(time) offset)",
+        ModelKind::ConditionalLogistic => "a conditional logistic regression (strata = matched sets)",
+    }
+}
+
+fn table_doc(name: &str, model: ModelKind) -> Documentation {
+    Documentation::builder(
+        SECTION,
+        format!(
+            "Fits {} by cyclic coordinate descent and returns one row per coefficient: \
+             covariate_id, covariate, estimate, std_error, ci_lower, ci_upper, exp_estimate, \
+             penalized, model, log_likelihood, log_prior, iterations, status, seconds.",
+            model_words(model)
+        ),
+        format!("{name}(outcomes [, covariates] [, options])"),
+    )
+    .with_argument(
+        "outcomes",
+        "Table name or SQL query: long format (row_id, [stratum_id], time, y, [weight, start_time, offset, censor_weight]) or, without covariates, a wide table whose other numeric columns are the covariates",
+    )
+    .with_argument("covariates", "Table name or SQL query: row_id, covariate_id, [covariate_value]")
+    .with_argument("options", OPTIONS_DOC)
+    .with_sql_example(format!(
+        "SELECT covariate, estimate, std_error FROM {name}('SELECT time, y, age, sex FROM lung', '{{\"ci\": \"wald\"}}');"
+    ))
+    .build()
+}
+
+fn aggregate_doc(name: &str, model: ModelKind) -> Documentation {
+    Documentation::builder(
+        SECTION,
+        format!(
+            "Aggregate: fits {} per GROUP BY group; returns a list of structs (covariate_id, \
+             estimate, std_error, ci_lower, ci_upper, log_likelihood, iterations, status), one \
+             per coefficient, to be expanded with unnest. A group that cannot be fitted returns \
+             one element with status 'failed: <reason>'.",
+            model_words(model)
+        ),
+        format!("{name}(stratum_id, time, y, covariate_ids [, covariate_values] [, options])"),
+    )
+    .with_argument("stratum_id", "BIGINT stratum (case, matched set) or NULL")
+    .with_argument("time", "DOUBLE time (interval length for SCCS)")
+    .with_argument("y", "outcome")
+    .with_argument("covariate_ids", "list of BIGINT covariate ids of the row (e.g. array_agg(covariate_id))")
+    .with_argument("covariate_values", "list of DOUBLE values, same length (default all 1)")
+    .with_argument("options", OPTIONS_DOC)
+    .with_sql_example(format!(
+        "SELECT outcome_id, unnest(fit) FROM (SELECT outcome_id, {name}(case_id, days, events, covariate_ids, '{{\"prior\": \"laplace\", \"lambda\": 3}}') AS fit FROM intervals GROUP BY outcome_id);"
+    ))
+    .build()
+}
+
+/// Documentation of every function, by name.
+pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
+    static DOCS: OnceLock<BTreeMap<&'static str, Documentation>> = OnceLock::new();
+    DOCS.get_or_init(|| {
+        let mut m = BTreeMap::new();
+        for &(name, model) in FIT_FUNCTIONS {
+            m.insert(name, table_doc(name, model));
+        }
+        for &(name, model) in FIT_AGGREGATES {
+            m.insert(name, aggregate_doc(name, model));
+        }
+        m.insert(
+            "epifusion_functions",
+            Documentation::builder(
+                SECTION,
+                "Lists every epifusion SQL function with its description, syntax and example.",
+                "epifusion_functions()",
+            )
+            .with_sql_example("SELECT name, syntax FROM epifusion_functions();")
+            .build(),
+        );
+        m
+    })
+}
+
+/// Documentation of one function.
+pub fn doc(name: &str) -> Option<&'static Documentation> {
+    all_docs().get(name)
+}
+
+/// `epifusion_functions()`: the documentation as a table.
+#[derive(Debug)]
+pub struct FunctionsTable;
+
+impl TableFunctionImpl for FunctionsTable {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        if !args.exprs().is_empty() {
+            return plan_err!(
+                "epifusion_functions takes no arguments, got {}",
+                args.exprs().len()
+            );
+        }
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("kind", DataType::Utf8, false),
+            Field::new("syntax", DataType::Utf8, false),
+            Field::new("description", DataType::Utf8, false),
+            Field::new("example", DataType::Utf8, true),
+        ]));
+        let docs = all_docs();
+        let kind = |n: &str| {
+            if n.ends_with("_agg") {
+                "aggregate"
+            } else {
+                "table"
+            }
+        };
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(docs.keys().copied())),
+                Arc::new(StringArray::from_iter_values(docs.keys().map(|n| kind(n)))),
+                Arc::new(StringArray::from_iter_values(
+                    docs.values().map(|d| d.syntax_example.clone()),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    docs.values().map(|d| d.description.clone()),
+                )),
+                Arc::new(StringArray::from_iter(
+                    docs.values().map(|d| d.sql_example.clone()),
+                )),
+            ],
+        )?;
+        Ok(Arc::new(DocsTable(Arc::new(MemTable::try_new(
+            schema,
+            vec![vec![batch]],
+        )?))))
+    }
+}
+
+/// Thin wrapper so the table reports itself as temporary.
+#[derive(Debug)]
+struct DocsTable(Arc<MemTable>);
+
+#[async_trait]
+impl TableProvider for DocsTable {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.0.scan(state, projection, filters, limit).await
+    }
+}
