@@ -16,8 +16,8 @@
 //! | `ties` | breslow | breslow, efron |
 
 use super::design::{ColumnSource, DesignMatrix};
-use super::risk_set::{RiskSetKind, RiskSetModel};
-use super::{Likelihood, Ties};
+use super::risk_set::{delegate_likelihood, RiskSetKind, RiskSetModel};
+use super::Ties;
 use crate::error::Result;
 
 /// Cox partial likelihood with strata, weights, offsets and (start, stop] rows.
@@ -59,29 +59,7 @@ impl Cox {
     }
 }
 
-impl Likelihood for Cox {
-    fn n_coef(&self) -> usize {
-        self.model.n_coef()
-    }
-    fn set_beta(&mut self, beta: &[f64]) {
-        self.model.set_beta(beta)
-    }
-    fn log_likelihood(&mut self) -> f64 {
-        self.model.log_likelihood()
-    }
-    fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
-        self.model.gradient_hessian(j)
-    }
-    fn update(&mut self, j: usize, delta: f64) {
-        self.model.update(j, delta)
-    }
-    fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-        self.model.information(cols)
-    }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> {
-        Box::new(self.clone())
-    }
-}
+delegate_likelihood!(Cox);
 
 #[cfg(test)]
 mod tests {
@@ -90,6 +68,7 @@ mod tests {
     use crate::model::design::{DesignBuilder, OutcomeRecord};
     use crate::model::prior::{Prior, PriorSet};
     use crate::model::risk_set::test_support::{build, exercise, random_records, Spec};
+    use crate::model::Likelihood;
 
     fn spec(strata: u64, weights: bool, counting: bool) -> Spec {
         Spec {

@@ -14,8 +14,8 @@
 
 use super::censoring::censoring_weights;
 use super::design::{ColumnSource, DesignMatrix};
-use super::risk_set::{RiskSetKind, RiskSetModel};
-use super::{Likelihood, Ties};
+use super::risk_set::{delegate_likelihood, RiskSetKind, RiskSetModel};
+use super::Ties;
 use crate::error::Result;
 
 /// Fine–Gray partial likelihood with strata, weights and offsets.
@@ -71,35 +71,14 @@ impl FineGray {
     }
 }
 
-impl Likelihood for FineGray {
-    fn n_coef(&self) -> usize {
-        self.model.n_coef()
-    }
-    fn set_beta(&mut self, beta: &[f64]) {
-        self.model.set_beta(beta)
-    }
-    fn log_likelihood(&mut self) -> f64 {
-        self.model.log_likelihood()
-    }
-    fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
-        self.model.gradient_hessian(j)
-    }
-    fn update(&mut self, j: usize, delta: f64) {
-        self.model.update(j, delta)
-    }
-    fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-        self.model.information(cols)
-    }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> {
-        Box::new(self.clone())
-    }
-}
+delegate_likelihood!(FineGray);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::design::{DesignBuilder, OutcomeRecord};
     use crate::model::risk_set::test_support::{build, exercise, random_records, Spec};
+    use crate::model::Likelihood;
 
     fn spec(strata: u64, weights: bool) -> Spec {
         Spec {
@@ -241,6 +220,7 @@ mod tests {
 mod invariance_tests {
     use super::*;
     use crate::model::risk_set::test_support::{build, random_records, Spec};
+    use crate::model::Likelihood;
 
     fn fingerprint(fg: &mut FineGray, beta: &[f64]) -> Vec<u64> {
         fg.set_beta(beta);
