@@ -98,6 +98,26 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
             m.insert(name, aggregate_doc(name, model));
         }
         m.insert(
+            "design_matrix",
+            Documentation::builder(
+                SECTION,
+                "Builds the sparse design matrix (CSC: indicator, sparse and dense columns) from \
+                 the long or wide format once and keeps it in the session under a name; fitting \
+                 functions then take '@name' as their outcomes argument (other priors, CV) \
+                 without rebuilding. Returns one row: name, rows, columns, strata, nnz, \
+                 indicator_columns, sparse_columns, dense_columns, bytes, dropped_unknown_rows, \
+                 device.",
+                "design_matrix(outcomes [, covariates], options)",
+            )
+            .with_argument("outcomes", "Table name or SQL query (long or wide format)")
+            .with_argument("covariates", "Table name or SQL query: row_id, covariate_id, [covariate_value]")
+            .with_argument("options", "JSON object: name (required), drop_unknown_rows [false]")
+            .with_sql_example(
+                "SELECT * FROM design_matrix('outcomes', 'covariates', '{\"name\": \"m\"}'); SELECT * FROM cox_fit('@m', '{\"prior\": \"laplace\", \"lambda\": 10}');",
+            )
+            .build(),
+        );
+        m.insert(
             "epifusion_functions",
             Documentation::builder(
                 SECTION,

@@ -34,8 +34,10 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+use futures::future::BoxFuture;
 
 use crate::engine::convert::{self, BatchSource, ReadOptions};
+use crate::engine::design_table::DesignRegistry;
 use crate::engine::options::parse_fit_options;
 use crate::fit::{fit_owned, FitOptions};
 use crate::model::ModelKind;
@@ -54,12 +56,18 @@ pub fn to_df_error(e: crate::Error) -> DataFusionError {
 pub struct FitTableFunction {
     name: &'static str,
     model: ModelKind,
+    designs: Arc<DesignRegistry>,
 }
 
 impl FitTableFunction {
-    /// The function for `model`, registered as `name`.
-    pub fn new(name: &'static str, model: ModelKind) -> Self {
-        FitTableFunction { name, model }
+    /// The function for `model`, registered as `name`; `@name` arguments refer to matrices
+    /// kept in `designs` by `design_matrix`.
+    pub fn new(name: &'static str, model: ModelKind, designs: Arc<DesignRegistry>) -> Self {
+        FitTableFunction {
+            name,
+            model,
+            designs,
+        }
     }
 }
 
@@ -166,6 +174,7 @@ impl TableFunctionImpl for FitTableFunction {
             function: self.name,
             model: self.model,
             call,
+            designs: self.designs.clone(),
         }))
     }
 }
@@ -176,6 +185,7 @@ pub struct FitTable {
     function: &'static str,
     model: ModelKind,
     call: FitCall,
+    designs: Arc<DesignRegistry>,
 }
 
 /// Plan a SQL string in the calling session.
@@ -207,81 +217,108 @@ impl TableProvider for FitTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let schema = convert::result_schema();
+        let label = format!("{} ({})", self.function, self.model.name());
+        let (model, call) = (self.model, self.call.clone());
+        // `@name`: a matrix kept by design_matrix(); nothing to plan or collect.
+        if let Some(name) = self.call.outcomes.strip_prefix('@') {
+            if self.call.covariates.is_some() {
+                return plan_err!(
+                    "{}: a stored design matrix (@{name}) takes no covariates argument",
+                    self.function
+                );
+            }
+            let design = self.designs.get(name).ok_or_else(|| {
+                exec_datafusion_err!("no design matrix named `{name}`; create it with design_matrix(outcomes, covariates, '{{\"name\": \"{name}\"}}')")
+            })?;
+            let producer: BatchProducer = Arc::new(move |_ctx| {
+                let (design, options) = (design.clone(), call.options.clone());
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || {
+                        crate::fit::fit(&design, &options).and_then(|r| convert::result_batch(&r))
+                    })
+                    .await
+                    .map_err(|e| exec_datafusion_err!("fit task failed: {e}"))?
+                    .map_err(to_df_error)
+                })
+            });
+            return Ok(Arc::new(OneBatchExec::new(
+                label, producer, schema, projection,
+            )?));
+        }
         let outcomes = plan_sql(state, &self.call.outcomes).await?;
         let covariates = match &self.call.covariates {
             Some(sql) => Some(plan_sql(state, sql).await?),
             None => None,
         };
-        let schema = convert::result_schema();
-        let projected = match projection {
-            Some(p) => Arc::new(schema.project(p)?),
-            None => schema,
-        };
-        Ok(Arc::new(FitExec::new(
-            self.function,
-            self.model,
-            self.call.clone(),
-            outcomes,
-            covariates,
-            projection.cloned(),
-            projected,
-        )))
+        let producer: BatchProducer = Arc::new(move |ctx| {
+            Box::pin(fit_from_plans(
+                model,
+                call.clone(),
+                outcomes.clone(),
+                covariates.clone(),
+                ctx,
+            ))
+        });
+        Ok(Arc::new(OneBatchExec::new(
+            label, producer, schema, projection,
+        )?))
     }
 }
 
-/// Execution plan: collect the inputs, fit, emit the coefficient table.
-#[derive(Debug)]
-pub struct FitExec {
-    function: &'static str,
-    model: ModelKind,
-    call: FitCall,
-    outcomes: Arc<dyn ExecutionPlan>,
-    covariates: Option<Arc<dyn ExecutionPlan>>,
+/// Produces the single result batch of a [`OneBatchExec`].
+pub type BatchProducer =
+    Arc<dyn Fn(Arc<TaskContext>) -> BoxFuture<'static, DfResult<RecordBatch>> + Send + Sync>;
+
+/// Execution plan with one partition that emits one batch made by a producer (collect the
+/// inputs, fit or build, emit the table). The inputs are planned and optimized in `scan` and kept
+/// opaque: exposing them as children would let the outer query's physical optimizer run over
+/// them a second time.
+pub struct OneBatchExec {
+    label: String,
+    producer: BatchProducer,
     projection: Option<Vec<usize>>,
     properties: Arc<PlanProperties>,
 }
 
-impl FitExec {
-    fn new(
-        function: &'static str,
-        model: ModelKind,
-        call: FitCall,
-        outcomes: Arc<dyn ExecutionPlan>,
-        covariates: Option<Arc<dyn ExecutionPlan>>,
-        projection: Option<Vec<usize>>,
+impl fmt::Debug for OneBatchExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OneBatchExec")
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl OneBatchExec {
+    /// A plan emitting `producer`'s batch (of `schema`), projected to `projection`.
+    pub fn new(
+        label: String,
+        producer: BatchProducer,
         schema: SchemaRef,
-    ) -> Self {
+        projection: Option<&Vec<usize>>,
+    ) -> DfResult<Self> {
+        let projected = match projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => schema,
+        };
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
+            EquivalenceProperties::new(projected),
             Partitioning::UnknownPartitioning(1),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
-        FitExec {
-            function,
-            model,
-            call,
-            outcomes,
-            covariates,
-            projection,
+        Ok(OneBatchExec {
+            label,
+            producer,
+            projection: projection.cloned(),
             properties,
-        }
+        })
     }
 }
 
-impl DisplayAs for FitExec {
+impl DisplayAs for OneBatchExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "FitExec: {} ({}), outcomes: {}",
-            self.function,
-            self.model.name(),
-            self.call.outcomes
-        )?;
-        if let Some(c) = &self.call.covariates {
-            write!(f, ", covariates: {c}")?;
-        }
-        Ok(())
+        write!(f, "OneBatchExec: {}", self.label)
     }
 }
 
@@ -325,17 +362,15 @@ pub async fn fit_from_plans(
     .map_err(to_df_error)
 }
 
-impl ExecutionPlan for FitExec {
+impl ExecutionPlan for OneBatchExec {
     fn name(&self) -> &str {
-        "FitExec"
+        "OneBatchExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
         &self.properties
     }
 
-    /// The input plans are planned and optimized in `scan` and kept opaque: exposing them as
-    /// children would let the outer query's physical optimizer run over them a second time.
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         Vec::new()
     }
@@ -352,7 +387,7 @@ impl ExecutionPlan for FitExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         if !children.is_empty() {
-            return Err(exec_datafusion_err!("FitExec has no children"));
+            return Err(exec_datafusion_err!("OneBatchExec has no children"));
         }
         Ok(self)
     }
@@ -364,17 +399,14 @@ impl ExecutionPlan for FitExec {
     ) -> DfResult<SendableRecordBatchStream> {
         if partition != 0 {
             return Err(exec_datafusion_err!(
-                "FitExec has one partition, asked for {partition}"
+                "OneBatchExec has one partition, asked for {partition}"
             ));
         }
         let schema = self.properties.eq_properties.schema().clone();
-        let model = self.model;
-        let call = self.call.clone();
-        let outcomes = self.outcomes.clone();
-        let covariates = self.covariates.clone();
+        let batch = (self.producer)(context);
         let projection = self.projection.clone();
         let fut = async move {
-            let batch = fit_from_plans(model, call, outcomes, covariates, context).await?;
+            let batch = batch.await?;
             match projection {
                 Some(p) => Ok(batch.project(&p)?),
                 None => Ok(batch),

@@ -4,10 +4,12 @@
 //!   [`crate::model::design::DesignBuilder`] and writing result tables;
 //! * [`options`]: JSON fit options;
 //! * [`docs`]: the documentation of every SQL function (`SELECT * FROM epifusion_functions()`);
+//! * [`design_table`]: `design_matrix`, matrices kept in the session for reuse;
 //! * [`session`], [`fit_table`], [`fit_udaf`], [`omop`], [`store`], [`shell`]: SQL sessions, the fitting table
 //!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
 pub mod convert;
+pub mod design_table;
 pub mod docs;
 pub mod fit_table;
 pub mod fit_udaf;

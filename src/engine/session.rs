@@ -6,6 +6,7 @@ use datafusion::common::Result as DfResult;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+use crate::engine::design_table::{DesignMatrixFunction, DesignRegistry};
 use crate::engine::fit_table::{FitTableFunction, FIT_FUNCTIONS};
 use crate::engine::fit_udaf::{FitAggregate, FIT_AGGREGATES};
 use crate::engine::omop;
@@ -26,15 +27,23 @@ pub fn function_names() -> Vec<&'static str> {
         .iter()
         .chain(FIT_AGGREGATES)
         .map(|(n, _)| *n)
-        .chain(["epifusion_functions"])
+        .chain(["design_matrix", "epifusion_functions"])
         .collect()
 }
 
 /// Register every epifusion function in `ctx`.
 pub fn register_all(ctx: &SessionContext) {
+    let designs = Arc::new(DesignRegistry::default());
     for &(name, model) in FIT_FUNCTIONS {
-        ctx.register_udtf(name, Arc::new(FitTableFunction::new(name, model)));
+        ctx.register_udtf(
+            name,
+            Arc::new(FitTableFunction::new(name, model, designs.clone())),
+        );
     }
+    ctx.register_udtf(
+        "design_matrix",
+        Arc::new(DesignMatrixFunction::new(designs)),
+    );
     ctx.register_udtf(
         "epifusion_functions",
         Arc::new(crate::engine::docs::FunctionsTable),
