@@ -253,6 +253,8 @@ pub struct FoundTable {
     pub url: String,
     /// `parquet` or `csv`.
     pub format: String,
+    /// The file's extension as written (e.g. `.CSV`; the readers match it exactly).
+    pub extension: String,
 }
 
 /// List the CDM tables in `location` (a local folder or an object-store URL).
@@ -279,10 +281,10 @@ pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<Foun
         if rel.contains('/') {
             continue;
         }
-        let Some((stem, ext)) = rel.rsplit_once('.') else {
+        let Some((stem, raw_ext)) = rel.rsplit_once('.') else {
             continue;
         };
-        let ext = ext.to_ascii_lowercase();
+        let ext = raw_ext.to_ascii_lowercase();
         if ext != "parquet" && ext != "csv" {
             continue;
         }
@@ -295,6 +297,7 @@ pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<Foun
             name: name.clone(),
             url,
             format: ext.clone(),
+            extension: format!(".{raw_ext}"),
         };
         match found.get(&name) {
             Some(existing) if existing.format == "parquet" => {}
@@ -324,14 +327,18 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
     let _ = ctx.deregister_table(&raw)?;
     let _ = ctx.deregister_table(&t.name)?;
     if t.format == "parquet" {
-        ctx.register_parquet(&raw, &t.url, ParquetReadOptions::default())
-            .await?;
+        let opts = ParquetReadOptions {
+            file_extension: &t.extension,
+            ..Default::default()
+        };
+        ctx.register_parquet(&raw, &t.url, opts).await?;
     } else {
         ctx.register_csv(
             &raw,
             &t.url,
             CsvReadOptions::new()
                 .has_header(true)
+                .file_extension(&t.extension)
                 .schema_infer_max_records(100_000),
         )
         .await?;

@@ -242,3 +242,84 @@ fn gibleed_from_s3_matches_local() {
     );
     assert!(!out.status.success());
 }
+
+#[test]
+fn csv_dump_store_gets_cdm_types_and_imports_to_parquet() {
+    // A tiny CSV dump: MIMIC-style negative 64-bit ids, ISO dates, a v5.3 death table without
+    // the optional cause_concept_id column.
+    let dir = std::env::temp_dir().join(format!("epifusion-csv-omop-{}", std::process::id()));
+    let out = dir.join("parquet");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("person.csv"),
+        "person_id,gender_concept_id,year_of_birth\n-9223372036854775807,8532,2130\n42,8507,2101\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("observation_period.csv"),
+        "observation_period_id,person_id,observation_period_start_date,observation_period_end_date\n1,-9223372036854775807,2150-01-01,2152-12-31\n2,42,2110-06-01,2111-06-01\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("DEATH.CSV"),
+        "person_id,death_date\n42,2111-05-31\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a table").unwrap();
+    let d = dir.to_string_lossy().to_string();
+    let types = "SELECT arrow_typeof(p.person_id) AS id_type, arrow_typeof(o.observation_period_start_date) AS date_type, \
+                 arrow_typeof(d.cause_concept_id) AS missing_type, min(p.person_id) AS min_id, \
+                 max(CAST(o.observation_period_end_date AS INT) - CAST(o.observation_period_start_date AS INT)) AS max_days \
+                 FROM person p JOIN observation_period o ON o.person_id = p.person_id \
+                 LEFT JOIN death d ON d.person_id = p.person_id GROUP BY 1, 2, 3";
+    let text = ok(&epifusion(
+        &["sql", "--omop", &d, "--format", "csv", "-c", types],
+        &[],
+    ));
+    assert!(
+        text.contains("Int64,Date32,Int64,-9223372036854775807,1095"),
+        "{text}"
+    );
+    // Import to typed Parquet and query the result the same way.
+    let o = out.to_string_lossy().to_string();
+    let imported = epifusion(&["import", &d, &o], &[]);
+    ok(&imported);
+    assert!(out.join("person.parquet").exists() && out.join("death.parquet").exists());
+    assert!(!out.join(".person.parquet.partial").exists());
+    let text = ok(&epifusion(
+        &["sql", "--omop", &o, "--format", "csv", "-c", types],
+        &[],
+    ));
+    assert!(
+        text.contains("Int64,Date32,Int64,-9223372036854775807,1095"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn interactive_shell_reads_statements_from_stdin() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_epifusion"))
+        .args(["sql", "--omop", "data/gibleed"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("HOME", std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the shell");
+    {
+        let stdin = child.stdin.as_mut().unwrap();
+        // A statement over two lines, an error that does not end the session, then quit.
+        stdin
+            .write_all(b"SELECT count(*) AS persons\nFROM person;\nSELECT * FROM no_such_table;\nSELECT 40 + 2 AS answer;\n\\q\n")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("2694"), "{stdout}");
+    assert!(stdout.contains("42"), "{stdout}");
+    assert!(stderr.contains("no_such_table"), "{stderr}");
+}
