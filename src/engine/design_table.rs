@@ -24,11 +24,11 @@ use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TablePr
 use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
 use datafusion::datasource::TableType;
 use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::ExecutionPlan;
 
-use crate::engine::convert::{self, BatchSource, ReadOptions};
+use crate::engine::convert::ReadOptions;
 use crate::engine::fit_table::{
-    plan_sql, string_args, table_sql, to_df_error, BatchProducer, OneBatchExec,
+    plan_sql, run_blocking, string_args, table_sql, BatchProducer, CollectedInputs, OneBatchExec,
 };
 use crate::model::design::{ColumnFormat, DesignMatrix};
 
@@ -186,35 +186,19 @@ async fn build(
     covariates: Option<Arc<dyn ExecutionPlan>>,
     ctx: Arc<datafusion::execution::TaskContext>,
 ) -> DfResult<RecordBatch> {
-    let out_schema = outcomes.schema();
-    let out = collect(outcomes, ctx.clone()).await?;
-    let cov = match covariates {
-        Some(p) => Some((p.schema(), collect(p, ctx).await?)),
-        None => None,
-    };
-    tokio::task::spawn_blocking(move || -> crate::Result<RecordBatch> {
+    let inputs = CollectedInputs::collect(outcomes, covariates, ctx).await?;
+    run_blocking("design_matrix", move || {
         let read = ReadOptions {
             require_time: false,
             drop_unknown_rows: call.drop_unknown_rows,
             ..Default::default()
         };
-        let outcomes = BatchSource::from_batches("outcomes", out_schema, out);
-        let (builder, _) = match cov {
-            Some((schema, batches)) => convert::read_long_from(
-                outcomes,
-                BatchSource::from_batches("covariates", schema, batches),
-                &read,
-            )?,
-            None => convert::read_wide_from(outcomes, &read)?,
-        };
-        let x = builder.build()?;
+        let x = inputs.design(&read)?;
         let batch = summary(&call.name, &x).map_err(|e| crate::Error::Format(e.to_string()))?;
         designs.insert(&call.name, x);
         Ok(batch)
     })
     .await
-    .map_err(|e| exec_datafusion_err!("design_matrix task failed: {e}"))?
-    .map_err(to_df_error)
 }
 
 #[async_trait]

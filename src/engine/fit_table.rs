@@ -233,14 +233,9 @@ impl TableProvider for FitTable {
             })?;
             let producer: BatchProducer = Arc::new(move |_ctx| {
                 let (design, options) = (design.clone(), call.options.clone());
-                Box::pin(async move {
-                    tokio::task::spawn_blocking(move || {
-                        crate::fit::fit(&design, &options).and_then(|r| convert::result_batch(&r))
-                    })
-                    .await
-                    .map_err(|e| exec_datafusion_err!("fit task failed: {e}"))?
-                    .map_err(to_df_error)
-                })
+                Box::pin(run_blocking("fit", move || {
+                    crate::fit::fit(&design, &options).and_then(|r| convert::result_batch(&r))
+                }))
             });
             return Ok(Arc::new(OneBatchExec::new(
                 label, producer, schema, projection,
@@ -322,6 +317,59 @@ impl DisplayAs for OneBatchExec {
     }
 }
 
+/// The collected inputs of a table function: the outcome (or wide) table and, in the long
+/// format, the covariate table.
+pub struct CollectedInputs {
+    outcomes: (SchemaRef, Vec<RecordBatch>),
+    covariates: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+impl CollectedInputs {
+    /// Run the input plans to completion.
+    pub async fn collect(
+        outcomes: Arc<dyn ExecutionPlan>,
+        covariates: Option<Arc<dyn ExecutionPlan>>,
+        context: Arc<TaskContext>,
+    ) -> DfResult<Self> {
+        let schema = outcomes.schema();
+        let outcomes = (schema, collect(outcomes, context.clone()).await?);
+        let covariates = match covariates {
+            Some(plan) => Some((plan.schema(), collect(plan, context).await?)),
+            None => None,
+        };
+        Ok(CollectedInputs {
+            outcomes,
+            covariates,
+        })
+    }
+
+    /// Build the design matrix (long format when covariates were given, else wide).
+    pub fn design(self, read: &ReadOptions) -> crate::Result<crate::model::design::DesignMatrix> {
+        let (schema, batches) = self.outcomes;
+        let outcomes = BatchSource::from_batches("outcomes", schema, batches);
+        let (builder, _report) = match self.covariates {
+            Some((schema, batches)) => convert::read_long_from(
+                outcomes,
+                BatchSource::from_batches("covariates", schema, batches),
+                read,
+            )?,
+            None => convert::read_wide_from(outcomes, read)?,
+        };
+        builder.build()
+    }
+}
+
+/// Run `work` on a blocking thread (never on a tokio worker) and convert its error.
+pub async fn run_blocking<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> DfResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| exec_datafusion_err!("{what} task failed: {e}"))?
+        .map_err(to_df_error)
+}
+
 /// Collect, build the design, fit (on a blocking thread) and return the result batch.
 pub async fn fit_from_plans(
     model: ModelKind,
@@ -330,36 +378,16 @@ pub async fn fit_from_plans(
     covariates: Option<Arc<dyn ExecutionPlan>>,
     context: Arc<TaskContext>,
 ) -> DfResult<RecordBatch> {
-    let out_schema = outcomes.schema();
-    let out_batches = collect(outcomes, context.clone()).await?;
-    let cov = match covariates {
-        Some(plan) => {
-            let schema = plan.schema();
-            Some((schema, collect(plan, context).await?))
-        }
-        None => None,
-    };
-    tokio::task::spawn_blocking(move || -> crate::Result<RecordBatch> {
+    let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
+    run_blocking("fit", move || {
         let read = ReadOptions {
             require_time: !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic),
             ..Default::default()
         };
-        let outcomes = BatchSource::from_batches("outcomes", out_schema, out_batches);
-        let (builder, _report) = match cov {
-            Some((schema, batches)) => convert::read_long_from(
-                outcomes,
-                BatchSource::from_batches("covariates", schema, batches),
-                &read,
-            )?,
-            None => convert::read_wide_from(outcomes, &read)?,
-        };
-        let design = builder.build()?;
-        let result = fit_owned(design, &call.options)?;
+        let result = fit_owned(inputs.design(&read)?, &call.options)?;
         convert::result_batch(&result)
     })
     .await
-    .map_err(|e| exec_datafusion_err!("fit task failed: {e}"))?
-    .map_err(to_df_error)
 }
 
 impl ExecutionPlan for OneBatchExec {
