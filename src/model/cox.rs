@@ -16,7 +16,7 @@
 //! | `ties` | breslow | breslow, efron |
 
 use super::design::{ColumnSource, DesignMatrix};
-use super::risk_set::{delegate_likelihood, RiskSetKind, RiskSetModel};
+use super::risk_set::{RiskSetKind, RiskSetModel};
 use super::Ties;
 use crate::error::Result;
 
@@ -59,7 +59,7 @@ impl Cox {
     }
 }
 
-delegate_likelihood!(Cox);
+delegate_likelihood!(Cox, model);
 
 #[cfg(test)]
 mod tests {

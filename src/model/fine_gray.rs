@@ -14,7 +14,7 @@
 
 use super::censoring::censoring_weights;
 use super::design::{ColumnSource, DesignMatrix};
-use super::risk_set::{delegate_likelihood, RiskSetKind, RiskSetModel};
+use super::risk_set::{RiskSetKind, RiskSetModel};
 use super::Ties;
 use crate::error::Result;
 
@@ -71,7 +71,7 @@ impl FineGray {
     }
 }
 
-delegate_likelihood!(FineGray);
+delegate_likelihood!(FineGray, model);
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::design::{ColumnSource, DesignMatrix};
 use super::sccs::{internal_entries, ordered_sum2, ConditionalPoisson, CHUNK_ENTRIES, DROPPED};
-use super::Likelihood;
+
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +137,10 @@ impl RowGlm {
         self.w.as_ref().map_or(1.0, |w| w[p])
     }
 
+    fn n_coef(&self) -> usize {
+        self.beta.len()
+    }
+
     fn set_beta(&mut self, beta: &[f64]) {
         assert_eq!(beta.len(), self.cols.len(), "beta has the wrong length");
         self.beta.copy_from_slice(beta);
@@ -247,34 +251,6 @@ impl RowGlm {
     }
 }
 
-macro_rules! delegate_likelihood {
-    ($ty:ty) => {
-        impl Likelihood for $ty {
-            fn n_coef(&self) -> usize {
-                self.0.beta.len()
-            }
-            fn set_beta(&mut self, beta: &[f64]) {
-                self.0.set_beta(beta)
-            }
-            fn log_likelihood(&mut self) -> f64 {
-                self.0.log_likelihood()
-            }
-            fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
-                self.0.gradient_hessian(j)
-            }
-            fn update(&mut self, j: usize, delta: f64) {
-                self.0.update(j, delta)
-            }
-            fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-                self.0.information(cols)
-            }
-            fn boxed_clone(&self) -> Box<dyn Likelihood> {
-                Box::new(self.clone())
-            }
-        }
-    };
-}
-
 /// Logistic regression: LL = Σ w [y η − log(1 + e^η)], y ∈ {0, 1} (values in [0, 1] accepted).
 #[derive(Debug, Clone)]
 pub struct Logistic(RowGlm);
@@ -291,7 +267,7 @@ impl Logistic {
     }
 }
 
-delegate_likelihood!(Logistic);
+delegate_likelihood!(Logistic, 0);
 
 /// Poisson regression with log(time) offset: y ~ Poisson(t·e^η),
 /// LL = Σ w [y η − t e^η] without the constants Σ w [y log t − log y!].
@@ -310,7 +286,7 @@ impl Poisson {
     }
 }
 
-delegate_likelihood!(Poisson);
+delegate_likelihood!(Poisson, 0);
 
 /// Conditional logistic regression, strata = matched sets: the conditional Poisson likelihood
 /// of [`ConditionalPoisson`] with every t = 1,
@@ -339,29 +315,7 @@ impl ConditionalLogistic {
     }
 }
 
-impl Likelihood for ConditionalLogistic {
-    fn n_coef(&self) -> usize {
-        self.0.n_coef()
-    }
-    fn set_beta(&mut self, beta: &[f64]) {
-        self.0.set_beta(beta)
-    }
-    fn log_likelihood(&mut self) -> f64 {
-        self.0.log_likelihood()
-    }
-    fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
-        self.0.gradient_hessian(j)
-    }
-    fn update(&mut self, j: usize, delta: f64) {
-        self.0.update(j, delta)
-    }
-    fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-        self.0.information(cols)
-    }
-    fn boxed_clone(&self) -> Box<dyn Likelihood> {
-        Box::new(self.clone())
-    }
-}
+delegate_likelihood!(ConditionalLogistic, 0);
 
 #[cfg(test)]
 // The dense reference implementations read best with explicit indices.
@@ -372,6 +326,7 @@ mod tests {
     use crate::model::design::{DesignBuilder, OutcomeRecord};
     use crate::model::inference::invert_spd;
     use crate::model::prior::{Prior, PriorSet};
+    use crate::model::Likelihood;
 
     struct Rng(u64);
     impl Rng {

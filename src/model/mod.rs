@@ -10,6 +10,36 @@
 //!   h_j = −∂²LL/∂β_j² ≥ 0.
 //! * All accumulation is in `f64`.
 
+/// Implements [`Likelihood`] for a wrapper type by delegating every method to its field
+/// `$field` (a type with the same methods, inherent or through the trait).
+macro_rules! delegate_likelihood {
+    ($t:ty, $field:tt) => {
+        impl $crate::model::Likelihood for $t {
+            fn n_coef(&self) -> usize {
+                self.$field.n_coef()
+            }
+            fn set_beta(&mut self, beta: &[f64]) {
+                self.$field.set_beta(beta)
+            }
+            fn log_likelihood(&mut self) -> f64 {
+                self.$field.log_likelihood()
+            }
+            fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
+                self.$field.gradient_hessian(j)
+            }
+            fn update(&mut self, j: usize, delta: f64) {
+                self.$field.update(j, delta)
+            }
+            fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+                self.$field.information(cols)
+            }
+            fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
+                Box::new(self.clone())
+            }
+        }
+    };
+}
+
 pub mod ccd;
 pub mod censoring;
 pub mod cox;

@@ -41,38 +41,7 @@ use std::borrow::Cow;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
 use super::Ties;
-
-/// Implements [`super::Likelihood`] for a wrapper type whose field `model` is a
-/// [`RiskSetModel`] (Cox, Fine–Gray).
-macro_rules! delegate_likelihood {
-    ($t:ty) => {
-        impl $crate::model::Likelihood for $t {
-            fn n_coef(&self) -> usize {
-                self.model.n_coef()
-            }
-            fn set_beta(&mut self, beta: &[f64]) {
-                self.model.set_beta(beta)
-            }
-            fn log_likelihood(&mut self) -> f64 {
-                self.model.log_likelihood()
-            }
-            fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
-                self.model.gradient_hessian(j)
-            }
-            fn update(&mut self, j: usize, delta: f64) {
-                self.model.update(j, delta)
-            }
-            fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-                self.model.information(cols)
-            }
-            fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
-                Box::new(self.clone())
-            }
-        }
-    };
-}
 use crate::error::{Error, Result};
-pub(crate) use delegate_likelihood;
 
 /// Which partial likelihood a [`RiskSetModel`] evaluates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
