@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -105,73 +105,41 @@ pub fn format_batches(batches: &[RecordBatch], format: OutputFormat) -> DfResult
 }
 
 fn batch_to_json(b: &RecordBatch) -> DfResult<Vec<serde_json::Value>> {
-    let schema = b.schema();
+    use datafusion::arrow::datatypes::{Float64Type, Int64Type};
+    use serde_json::Value;
     let options = FormatOptions::default();
-    let mut columns: Vec<(String, ArrayRef)> = Vec::new();
-    for (i, f) in schema.fields().iter().enumerate() {
-        columns.push((f.name().clone(), b.column(i).clone()));
-    }
     let mut rows = vec![serde_json::Map::new(); b.num_rows()];
-    for (name, col) in &columns {
+    for (field, col) in b.schema().fields().iter().zip(b.columns()) {
         let dt = col.data_type();
-        if dt.is_integer() {
-            let c = cast(col, &DataType::Int64)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::Int64Array>()
-                .expect("cast to Int64");
-            for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(
-                    name.clone(),
-                    if c.is_null(r) {
-                        serde_json::Value::Null
-                    } else {
-                        c.value(r).into()
-                    },
-                );
-            }
+        // Integers, floats and booleans as JSON numbers / booleans, everything else as text.
+        let value: Box<dyn Fn(usize) -> Value> = if dt.is_integer() {
+            let c = cast(col, &DataType::Int64)?
+                .as_primitive::<Int64Type>()
+                .clone();
+            Box::new(move |r| c.value(r).into())
         } else if dt.is_floating() {
-            let c = cast(col, &DataType::Float64)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::Float64Array>()
-                .expect("cast to Float64");
-            for (r, row) in rows.iter_mut().enumerate() {
-                let v = if c.is_null(r) {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::Number::from_f64(c.value(r))
-                        .map_or(serde_json::Value::Null, serde_json::Value::Number)
-                };
-                row.insert(name.clone(), v);
-            }
+            let c = cast(col, &DataType::Float64)?
+                .as_primitive::<Float64Type>()
+                .clone();
+            Box::new(move |r| {
+                serde_json::Number::from_f64(c.value(r)).map_or(Value::Null, Value::Number)
+            })
         } else if *dt == DataType::Boolean {
-            let c = col
-                .as_any()
-                .downcast_ref::<datafusion::arrow::array::BooleanArray>()
-                .expect("boolean");
-            for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(
-                    name.clone(),
-                    if c.is_null(r) {
-                        serde_json::Value::Null
-                    } else {
-                        c.value(r).into()
-                    },
-                );
-            }
+            let c = col.as_boolean().clone();
+            Box::new(move |r| c.value(r).into())
         } else {
             let fmt = ArrayFormatter::try_new(col.as_ref(), &options)?;
-            for (r, row) in rows.iter_mut().enumerate() {
-                row.insert(
-                    name.clone(),
-                    if col.is_null(r) {
-                        serde_json::Value::Null
-                    } else {
-                        fmt.value(r).to_string().into()
-                    },
-                );
-            }
+            let texts: Vec<String> = (0..col.len()).map(|r| fmt.value(r).to_string()).collect();
+            Box::new(move |r| texts[r].clone().into())
+        };
+        let nulls = col.logical_nulls();
+        for (r, row) in rows.iter_mut().enumerate() {
+            let v = if nulls.as_ref().is_some_and(|n| n.is_null(r)) {
+                Value::Null
+            } else {
+                value(r)
+            };
+            row.insert(field.name().clone(), v);
         }
     }
     Ok(rows.into_iter().map(serde_json::Value::Object).collect())
