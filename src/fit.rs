@@ -32,7 +32,10 @@
 //! | `prior` | none | [`Prior`]: none, Laplace(λ) or Normal(σ²) |
 //! | `exclude` | [] | covariate ids never penalized (the intercept never is) |
 //! | `ccd` | see [`CcdOptions`] | tolerance 1e-6, max_iterations 1000 |
-//! | `ci` | profile | [`CiMethod`] for unpenalized coefficients |
+//! | `ci` | profile | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
+//! | `cv` | none | [`CvOptions`]: choose the prior variance by cross-validation ([`crate::model::cv`]) |
+//! | `bootstrap` | none | [`BootstrapOptions`] ([`crate::model::bootstrap`]); `ci = bootstrap` implies the defaults |
+//! | `profile` | none | [`ProfileOptions`]: profile intervals of chosen (also penalized) coefficients and likelihood profiles on a grid |
 //! | `ci_level` | 0.95 | in (0, 1) |
 //! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
 //! | `device` | auto | [`Device`]: auto, cpu or cuda |
@@ -43,7 +46,9 @@ use crate::backend::Device;
 use crate::error::{Error, Result};
 use crate::model::ccd::{self, CcdOptions, FitStatus};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
-use crate::model::inference;
+use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
+use crate::model::cv::{self, CvOptions, CvResult, Problem};
+use crate::model::inference::{self, ProfilePoint, ProfileTarget};
 use crate::model::prior::{Prior, PriorSet};
 use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
 
@@ -57,6 +62,9 @@ pub enum CiMethod {
     Wald,
     /// No intervals (and no standard errors).
     None,
+    /// Bootstrap percentile intervals for every coefficient (penalized or not); the standard
+    /// errors stay the observed-information ones of the unpenalized coefficients.
+    Bootstrap,
 }
 
 impl CiMethod {
@@ -66,12 +74,54 @@ impl CiMethod {
             "profile" => Ok(CiMethod::Profile),
             "wald" => Ok(CiMethod::Wald),
             "none" => Ok(CiMethod::None),
+            "bootstrap" => Ok(CiMethod::Bootstrap),
             other => Err(Error::option(
                 "ci",
-                format!("unknown `{other}`; expected profile, wald or none"),
+                format!("unknown `{other}`; expected profile, wald, bootstrap or none"),
             )),
         }
     }
+}
+
+/// Profile intervals and likelihood profiles of chosen coefficients (Cyclops'
+/// `getCyclopsProfileLogLikelihood` / `confint`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileOptions {
+    /// Covariate ids that get a profile interval even when penalized (unpenalized coefficients
+    /// get one anyway when `ci = profile`).
+    pub covariates: Vec<i64>,
+    /// Whether the profiled objective keeps the coefficient's own penalty (default true, as
+    /// Cyclops). Without it the profile is max over the others of LL + their log prior, and the
+    /// interval is centred on that function's own maximum.
+    pub include_penalty: bool,
+    /// Values of β at which to report the profile of each of `covariates` (plus the estimate).
+    pub grid: Option<Vec<f64>>,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            covariates: Vec::new(),
+            include_penalty: true,
+            grid: None,
+        }
+    }
+}
+
+/// CohortMethod's and SelfControlledCaseSeries' default profile grid: 1000 values of log(ratio)
+/// from log 0.1 to log 10.
+pub fn default_profile_grid() -> Vec<f64> {
+    let (a, b) = (0.1f64.ln(), 10f64.ln());
+    (0..1000).map(|i| a + (b - a) * i as f64 / 999.0).collect()
+}
+
+/// A likelihood profile of one coefficient.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Covariate id.
+    pub covariate_id: i64,
+    /// Points by increasing value (the estimate included, flagged).
+    pub points: Vec<ProfilePoint>,
 }
 
 /// Options of a fit. Build with [`FitOptions::new`] and adjust the fields.
@@ -95,6 +145,12 @@ pub struct FitOptions {
     pub threads: Option<usize>,
     /// Device to run on.
     pub device: Device,
+    /// Cross-validation of the prior variance.
+    pub cv: Option<CvOptions>,
+    /// Bootstrap.
+    pub bootstrap: Option<BootstrapOptions>,
+    /// Profiles of chosen coefficients.
+    pub profile: ProfileOptions,
 }
 
 impl FitOptions {
@@ -110,6 +166,9 @@ impl FitOptions {
             ci_level: 0.95,
             threads: None,
             device: Device::Auto,
+            cv: None,
+            bootstrap: None,
+            profile: ProfileOptions::default(),
         }
     }
 
@@ -124,6 +183,32 @@ impl FitOptions {
         }
         if self.threads == Some(0) {
             return Err(Error::option("threads", "must be ≥ 1"));
+        }
+        if let Some(cv) = &self.cv {
+            cv.check()?;
+            if self.prior == Prior::None {
+                return Err(Error::option(
+                    "cv",
+                    "cross-validation selects the prior variance: give `prior` laplace or normal",
+                ));
+            }
+        }
+        if let Some(b) = &self.bootstrap {
+            b.check()?;
+        }
+        if let Some(g) = &self.profile.grid {
+            if self.profile.covariates.is_empty() {
+                return Err(Error::option(
+                    "profile.grid",
+                    "needs `profile.covariates`: the coefficients to profile",
+                ));
+            }
+            if g.is_empty() || g.iter().any(|v| !v.is_finite()) {
+                return Err(Error::option(
+                    "profile.grid",
+                    "must be a non-empty list of finite numbers",
+                ));
+            }
         }
         Ok(())
     }
@@ -181,6 +266,14 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
+    /// The prior used (with the variance chosen by cross-validation, when there was one).
+    pub prior: Prior,
+    /// Cross-validation result.
+    pub cv: Option<CvResult>,
+    /// Bootstrap result.
+    pub bootstrap: Option<BootstrapResult>,
+    /// Likelihood profiles (`profile.grid`).
+    pub profiles: Vec<Profile>,
 }
 
 impl FitResult {
@@ -196,6 +289,9 @@ impl FitResult {
 
 /// Fit `opts.model` to `design`. For logistic and Poisson regression an intercept column is
 /// added (without copying the design). [`fit_owned`] does the same in less memory.
+///
+/// With `opts.cv` the prior variance is chosen by cross-validation first; with `opts.bootstrap`
+/// (or `ci = bootstrap`) the fit is bootstrapped afterwards.
 pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     with_threads(opts, || {
         let started = Instant::now();
@@ -213,20 +309,31 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             );
         }
         shape.check_exclude(opts)?;
+        let problem = problem_of(design, opts);
+        let (prior, cv) = select_prior(&problem, opts)?;
         let mut lik = crate::model::cpu_likelihood_from(
             opts.model,
             design,
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        finish(lik.as_mut(), &shape, opts, started, device, device_note)
+        let mut r = finish(lik.as_mut(), &shape, opts, prior, started, device, device_note)?;
+        r.cv = cv;
+        drop(lik);
+        bootstrap_into(&mut r, &problem, opts)?;
+        r.seconds = started.elapsed().as_secs_f64();
+        Ok(r)
     })
 }
 
 /// [`fit`] consuming the design matrix: the likelihood drops each column as soon as it has its
 /// own copy, and the row data once it is built, so peak memory stays near one copy of the
-/// columns (DESIGN.md §10). Results are identical to [`fit`].
+/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation and the
+/// bootstrap need the design beside the likelihood, so with either this is [`fit`].
 pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    if opts.cv.is_some() || wants_bootstrap(opts) {
+        return fit(&design, opts);
+    }
     with_threads(opts, move || {
         let started = Instant::now();
         let (device, device_note) = opts.device.resolve()?;
@@ -241,8 +348,52 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             design,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        finish(lik.as_mut(), &shape, opts, started, device, device_note)
+        finish(lik.as_mut(), &shape, opts, opts.prior, started, device, device_note)
     })
+}
+
+fn wants_bootstrap(opts: &FitOptions) -> bool {
+    opts.bootstrap.is_some() || opts.ci == CiMethod::Bootstrap
+}
+
+fn problem_of<'a>(design: &'a DesignMatrix, opts: &'a FitOptions) -> Problem<'a> {
+    Problem {
+        design,
+        kind: opts.model,
+        lik: LikelihoodOptions { ties: opts.ties },
+        exclude: &opts.exclude,
+        ccd: opts.ccd,
+    }
+}
+
+/// The prior to fit with: `opts.prior`, or its family at the cross-validated variance.
+fn select_prior(problem: &Problem<'_>, opts: &FitOptions) -> Result<(Prior, Option<CvResult>)> {
+    match &opts.cv {
+        None => Ok((opts.prior, None)),
+        Some(c) => {
+            let r = cv::cross_validate(problem, opts.prior, c)?;
+            Ok((opts.prior.with_variance(r.variance), Some(r)))
+        }
+    }
+}
+
+/// Bootstrap the fit `r` when asked; with `ci = bootstrap` its intervals become the
+/// percentile intervals.
+fn bootstrap_into(r: &mut FitResult, problem: &Problem<'_>, opts: &FitOptions) -> Result<()> {
+    if !wants_bootstrap(opts) {
+        return Ok(());
+    }
+    let bopts = opts.bootstrap.clone().unwrap_or_default();
+    let beta: Vec<f64> = r.coefficients.iter().map(|c| c.estimate).collect();
+    let b = bootstrap::bootstrap(problem, r.prior, &beta, opts.ci_level, &bopts)?;
+    if opts.ci == CiMethod::Bootstrap {
+        for (c, s) in r.coefficients.iter_mut().zip(&b.coefficients) {
+            c.ci_lower = Some(s.lower);
+            c.ci_upper = Some(s.upper);
+        }
+    }
+    r.bootstrap = Some(b);
+    Ok(())
 }
 
 /// Run `f` on a pool of `opts.threads` threads (after checking the options).
@@ -293,6 +444,7 @@ fn finish(
     lik: &mut dyn Likelihood,
     shape: &Shape,
     opts: &FitOptions,
+    prior: Prior,
     started: Instant,
     device: &str,
     device_note: Option<String>,
@@ -302,10 +454,11 @@ fn finish(
         .iter()
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
-    let priors = PriorSet::new(opts.prior, &excluded);
+    let priors = PriorSet::new(prior, &excluded);
     let mut r = fit_shape(lik, shape, &priors, opts, started)?;
     r.device = device.into();
     r.device_note = device_note;
+    r.prior = prior;
     Ok(r)
 }
 
@@ -335,46 +488,71 @@ fn fit_shape(
     let mut se = vec![None; p];
     let mut lower = vec![None; p];
     let mut upper = vec![None; p];
-    if r.status != FitStatus::IllConditioned && opts.ci != CiMethod::None && !unpenalized.is_empty()
-    {
+    let mut profiles = Vec::new();
+    let ok = r.status != FitStatus::IllConditioned;
+    if ok && opts.ci != CiMethod::None && !unpenalized.is_empty() {
         lik.set_beta(&r.beta);
         let s = inference::standard_errors(lik, &unpenalized);
         for (k, &j) in unpenalized.iter().enumerate() {
             se[j] = s[k];
         }
-        match opts.ci {
-            CiMethod::Wald => {
-                let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
-                for &j in &unpenalized {
-                    if let Some(s) = se[j] {
-                        lower[j] = Some(r.beta[j] - z * s);
-                        upper[j] = Some(r.beta[j] + z * s);
-                    }
+        if opts.ci == CiMethod::Wald {
+            let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
+            for &j in &unpenalized {
+                if let Some(s) = se[j] {
+                    lower[j] = Some(r.beta[j] - z * s);
+                    upper[j] = Some(r.beta[j] + z * s);
                 }
             }
-            CiMethod::Profile => {
-                let objective = r.log_likelihood + r.log_prior;
-                for &j in &unpenalized {
-                    let scale = se[j].unwrap_or(f64::NAN);
-                    let pi = inference::profile_interval(
-                        lik,
-                        priors,
-                        inference::Optimum {
-                            beta: &r.beta,
-                            objective,
-                        },
-                        j,
-                        scale,
-                        opts.ci_level,
-                        &opts.ccd,
-                    )?;
-                    lower[j] = pi.lower;
-                    upper[j] = pi.upper;
-                }
-                lik.set_beta(&r.beta);
-            }
-            CiMethod::None => {}
         }
+    }
+    // Profile intervals: the unpenalized coefficients (ci = profile) and the chosen ones.
+    let mut chosen = Vec::new();
+    for &id in &opts.profile.covariates {
+        let j = x.labels.iter().position(|l| l.id == id).ok_or_else(|| {
+            Error::option(
+                "profile.covariates",
+                format!("covariate id {id} is not a column of the design matrix"),
+            )
+        })?;
+        if !chosen.contains(&j) {
+            chosen.push(j);
+        }
+    }
+    if ok {
+        let mut js: Vec<usize> = if opts.ci == CiMethod::Profile {
+            unpenalized.clone()
+        } else {
+            Vec::new()
+        };
+        for &j in &chosen {
+            if !js.contains(&j) {
+                js.push(j);
+            }
+        }
+        let objective = r.log_likelihood + r.log_prior;
+        let mut targets = Vec::with_capacity(js.len());
+        for &j in &js {
+            targets.push(profile_target(lik, priors, &r.beta, objective, j, se[j], opts)?);
+        }
+        if !targets.is_empty() {
+            let intervals =
+                inference::profile_intervals(&*lik, &targets, opts.ci_level, &opts.ccd)?;
+            for (t, pi) in targets.iter().zip(intervals) {
+                lower[t.j] = pi.lower;
+                upper[t.j] = pi.upper;
+            }
+        }
+        if let Some(grid) = &opts.profile.grid {
+            for &j in &chosen {
+                let t = targets.iter().find(|t| t.j == j).expect("chosen are targets");
+                profiles.push(Profile {
+                    covariate_id: x.labels[j].id,
+                    points: inference::profile_grid(&*lik, t, grid, &opts.ccd)?,
+                });
+            }
+        }
+        lik.set_beta(&r.beta);
     }
     let coefficients = x
         .labels
@@ -406,5 +584,49 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
+        prior: Prior::None,
+        cv: None,
+        bootstrap: None,
+        profiles,
+    })
+}
+
+/// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the
+/// fit's own optimum; without it (`profile.include_penalty = false`, penalized j), a refit
+/// with j unpenalized gives the optimum of the profiled function.
+fn profile_target(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    beta: &[f64],
+    objective: f64,
+    j: usize,
+    se: Option<f64>,
+    opts: &FitOptions,
+) -> Result<ProfileTarget> {
+    if priors.is_unpenalized(j) || opts.profile.include_penalty {
+        return Ok(ProfileTarget {
+            j,
+            scale: se.unwrap_or(f64::NAN),
+            priors: priors.clone(),
+            beta: beta.to_vec(),
+            objective,
+        });
+    }
+    let mut own = priors.clone();
+    own.per_coef[j] = Prior::None;
+    let mut tight = opts.ccd;
+    tight.tolerance = (opts.ccd.tolerance * 1e-3).max(1e-13);
+    let r = ccd::fit(lik, &own, beta, None, &tight)?;
+    if r.status == FitStatus::IllConditioned {
+        return Err(Error::FitFailed(format!(
+            "profile of coefficient {j}: the refit without its penalty is ill-conditioned"
+        )));
+    }
+    Ok(ProfileTarget {
+        j,
+        scale: f64::NAN,
+        priors: own,
+        objective: r.log_likelihood + r.log_prior,
+        beta: r.beta,
     })
 }

@@ -10,7 +10,10 @@ use clap::{Args, Parser, Subcommand};
 use epifusion::backend::Device;
 use epifusion::bench;
 use epifusion::engine::convert::{self, ReadOptions};
-use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult};
+use epifusion::engine::options::ResultTable;
+use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult, ProfileOptions};
+use epifusion::model::bootstrap::BootstrapOptions;
+use epifusion::model::cv::{CvOptions, CvSearch, Resampling};
 use epifusion::model::ccd::Convergence;
 use epifusion::model::design::DesignMatrix;
 use epifusion::model::prior::Prior;
@@ -153,6 +156,47 @@ struct FitArgs {
     /// Drop covariate entries whose row id has no outcome row (reported) instead of failing.
     #[arg(long)]
     drop_unknown_rows: bool,
+    /// Choose the prior variance by cross-validation (prior laplace unless --prior normal).
+    #[arg(long)]
+    cv: bool,
+    /// Cross-validation folds.
+    #[arg(long, default_value_t = 10)]
+    folds: usize,
+    /// Cross-validation repetitions.
+    #[arg(long, default_value_t = 1)]
+    cv_repetitions: usize,
+    /// Grid search over these variances (comma-separated) instead of the auto search.
+    #[arg(long, value_delimiter = ',')]
+    cv_grid: Vec<f64>,
+    /// Folds and bootstrap samples by: auto (strata for sccs / conditional_logistic, rows
+    /// otherwise), row or stratum.
+    #[arg(long, default_value = "auto")]
+    resample_by: String,
+    /// Seed of the cross-validation folds and the bootstrap.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Bootstrap with this many replicates (percentile intervals with --ci bootstrap).
+    #[arg(long)]
+    bootstrap: Option<usize>,
+    /// Profile intervals for these covariate ids (also penalized ones), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    profile: Vec<i64>,
+    /// Likelihood profiles of the --profile covariates on CohortMethod's grid (1000 values of
+    /// log 0.1 … log 10), written to --profile-output.
+    #[arg(long)]
+    profile_grid: bool,
+    /// Profile penalized coefficients without their own penalty.
+    #[arg(long)]
+    profile_without_penalty: bool,
+    /// Write the cross-validation curve (.csv, .json or .parquet).
+    #[arg(long)]
+    cv_output: Option<PathBuf>,
+    /// Write the likelihood profiles.
+    #[arg(long)]
+    profile_output: Option<PathBuf>,
+    /// Write the bootstrap summary per coefficient.
+    #[arg(long)]
+    bootstrap_output: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -200,6 +244,14 @@ struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Also time a K-fold auto-search cross-validation of the Laplace variance (seed 1)
+    /// against the single fit.
+    #[arg(long)]
+    cv_folds: Option<usize>,
+    /// Also time the profile-likelihood 95% interval of this covariate id, fitted unpenalized
+    /// (the others keep the Laplace prior), against the single fit.
+    #[arg(long)]
+    profile_covariate: Option<i64>,
 }
 
 /// glibc gives each thread its own malloc arena, so the memory the main thread frees while a
@@ -293,8 +345,48 @@ fn run_fit(a: &FitArgs) -> Result<()> {
         (None, Some(_)) => "laplace".into(),
         (None, None) => "none".into(),
     };
-    let prior = Prior::from_parts(&family, a.variance, a.lambda)?;
+    let prior = if a.cv && a.variance.is_none() && a.lambda.is_none() {
+        // The variance is chosen by cross-validation; 1 is a placeholder.
+        let family = if a.prior.is_none() { "laplace" } else { family.as_str() };
+        Prior::from_parts(family, Some(1.0), None)?
+    } else {
+        Prior::from_parts(&family, a.variance, a.lambda)?
+    };
     let mut opts = FitOptions::new(a.model);
+    let by = Resampling::parse("--resample-by", &a.resample_by)?;
+    if a.cv {
+        opts.cv = Some(CvOptions {
+            folds: a.folds,
+            repetitions: a.cv_repetitions,
+            seed: a.seed,
+            search: if a.cv_grid.is_empty() {
+                CvSearch::Auto
+            } else {
+                CvSearch::Grid(a.cv_grid.clone())
+            },
+            by,
+            ..Default::default()
+        });
+    } else if !a.cv_grid.is_empty() || a.cv_output.is_some() {
+        bail!("--cv-grid and --cv-output need --cv");
+    }
+    if let Some(n) = a.bootstrap {
+        opts.bootstrap = Some(BootstrapOptions {
+            replicates: n,
+            by,
+            seed: a.seed,
+        });
+    } else if a.bootstrap_output.is_some() {
+        bail!("--bootstrap-output needs --bootstrap N");
+    }
+    opts.profile = ProfileOptions {
+        covariates: a.profile.clone(),
+        include_penalty: !a.profile_without_penalty,
+        grid: a.profile_grid.then(epifusion::fit::default_profile_grid),
+    };
+    if a.profile_output.is_some() && !a.profile_grid {
+        bail!("--profile-output needs --profile-grid (and --profile ids)");
+    }
     opts.ties = a.ties;
     opts.prior = prior;
     opts.ccd.tolerance = a.tolerance;
@@ -305,7 +397,10 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     opts.threads = a.threads;
     opts.device = a.device;
     opts.check()?;
-    if let Some(out) = &a.output {
+    for out in [&a.output, &a.cv_output, &a.profile_output, &a.bootstrap_output]
+        .into_iter()
+        .flatten()
+    {
         check_output_extension(out)?;
     }
 
@@ -354,11 +449,42 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     if let Some(note) = &result.device_note {
         eprintln!("{note}");
     }
+    if let Some(cv) = &result.cv {
+        eprintln!(
+            "cross-validation: variance {:.6e} selected ({} folds × {} by {}, {} candidates, {} \
+             fits, {:.2} s; {})",
+            cv.variance,
+            cv.folds,
+            cv.repetitions,
+            cv.by.name(),
+            cv.curve.len(),
+            cv.fits,
+            cv.seconds,
+            cv.stop_reason
+        );
+    }
+    if let Some(b) = &result.bootstrap {
+        eprintln!(
+            "bootstrap: {} replicates by {} ({} failed), {:.2} s",
+            b.replicates,
+            b.by.name(),
+            b.failed,
+            b.seconds
+        );
+    }
     print!("{}", convert::format_result_table(&result));
     println!("{}", summary_line(&result, load_seconds));
-    if let Some(out) = &a.output {
-        convert::write_result(&result, out)?;
-        eprintln!("wrote {}", out.display());
+    let outputs = [
+        (&a.output, ResultTable::Coefficients),
+        (&a.cv_output, ResultTable::Cv),
+        (&a.profile_output, ResultTable::Profile),
+        (&a.bootstrap_output, ResultTable::Bootstrap),
+    ];
+    for (out, table) in outputs {
+        if let Some(out) = out {
+            convert::write_batch(&convert::table_batch(&result, table)?, out)?;
+            eprintln!("wrote {}", out.display());
+        }
     }
     Ok(())
 }
@@ -496,6 +622,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.threads = Some(a.threads);
         opts.device = a.device;
         let cpu_before = bench::cpu_seconds();
+        let keep = (a.cv_folds.is_some() || a.profile_covariate.is_some()).then(|| design.clone());
         let r = fit_owned(design, &opts)?;
         let fit_seconds = r.fit_seconds;
         // Building the likelihood (sorting the columns etc.) is the rest of the wall time.
@@ -524,6 +651,43 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         if let Some(ref_s) = reference {
             out["reference_seconds"] = ref_s.into();
             out["speedup_vs_reference"] = (ref_s / fit_seconds.max(1e-12)).into();
+        }
+        if let (Some(k), Some(design)) = (a.cv_folds, &keep) {
+            let mut o = opts.clone();
+            o.cv = Some(CvOptions {
+                folds: k,
+                ..Default::default()
+            });
+            let t = Instant::now();
+            let c = epifusion::fit::fit(design, &o)?;
+            let secs = t.elapsed().as_secs_f64();
+            let cv = c.cv.as_ref().expect("cv ran");
+            out["cv_seconds"] = secs.into();
+            out["cv_over_fit"] = (secs / r.seconds.max(1e-12)).into();
+            out["cv_variance"] = cv.variance.into();
+            out["cv_candidates"] = cv.curve.len().into();
+            out["cv_fits"] = cv.fits.into();
+            out["cv_stop_reason"] = cv.stop_reason.clone().into();
+        }
+        if let (Some(id), Some(design)) = (a.profile_covariate, &keep) {
+            let mut o = opts.clone();
+            o.exclude = vec![id];
+            o.ci = CiMethod::None;
+            let t = Instant::now();
+            let plain = epifusion::fit::fit(design, &o)?;
+            let plain_s = t.elapsed().as_secs_f64();
+            o.ci = CiMethod::Profile;
+            let t = Instant::now();
+            let p = epifusion::fit::fit(design, &o)?;
+            let secs = t.elapsed().as_secs_f64();
+            let c = p.coefficient(id).context("--profile-covariate: no such covariate id")?;
+            out["profile_covariate"] = id.into();
+            out["profile_fit_seconds"] = plain_s.into();
+            out["profile_total_seconds"] = secs.into();
+            out["profile_seconds"] = (secs - plain_s).into();
+            out["profile_estimate"] = c.estimate.into();
+            out["profile_ci"] = serde_json::json!([c.ci_lower, c.ci_upper]);
+            let _ = plain;
         }
     }
     let rss = bench::peak_rss_bytes();
@@ -585,6 +749,9 @@ fn print_bench_text(v: &serde_json::Value) {
     line("non-zero", num("nonzero").map(|x| format!("{x}")));
     line("status", f("status").as_str().map(String::from));
     line("device", f("device").as_str().map(String::from));
+    line("CV", num("cv_seconds").map(|s| format!("{s:.3} s ({:.1}× the fit)", num("cv_over_fit").unwrap_or(0.0))));
+    line("CV variance", num("cv_variance").map(|x| format!("{x:.6e} ({} candidates, {} fits)", num("cv_candidates").unwrap_or(0.0), num("cv_fits").unwrap_or(0.0))));
+    line("profile CI", num("profile_seconds").map(|s| format!("{s:.3} s (fit {:.3} s), interval {}", num("profile_fit_seconds").unwrap_or(0.0), f("profile_ci"))));
     line("peak RSS", mib(&f("peak_rss_bytes")));
     line(
         "peak RSS / CSC",

@@ -47,6 +47,7 @@ use arrow::error::ArrowError;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 
+use crate::engine::options::ResultTable;
 use crate::error::{Error, Result};
 use crate::fit::FitResult;
 use crate::model::design::{DesignBuilder, OutcomeRecord, INTERCEPT_ID};
@@ -773,6 +774,7 @@ pub fn result_schema() -> SchemaRef {
         Field::new("iterations", DataType::Int64, false),
         Field::new("status", DataType::Utf8, false),
         f("seconds", false),
+        f("prior_variance", true),
     ]))
 }
 
@@ -780,7 +782,9 @@ pub fn result_schema() -> SchemaRef {
 ///
 /// Columns: `covariate_id` (NULL for the intercept), `covariate`, `estimate`, `std_error`,
 /// `ci_lower`, `ci_upper`, `exp_estimate` (hazard / rate / odds ratio), `penalized`, `model`,
-/// `log_likelihood`, `log_prior`, `iterations`, `status`, `seconds`.
+/// `log_likelihood`, `log_prior`, `iterations`, `status`, `seconds`, `prior_variance` (the
+/// variance of the prior used — chosen by cross-validation when `cv` was given; NULL without a
+/// prior).
 pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
     let c = &r.coefficients;
     let n = c.len();
@@ -823,7 +827,203 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         Arc::new(Float64Array::from_iter_values(std::iter::repeat_n(
             r.seconds, n,
         ))),
+        Arc::new(Float64Array::from_iter(std::iter::repeat_n(
+            prior_variance(r),
+            n,
+        ))),
     ];
+    RecordBatch::try_new(schema, columns).map_err(|e| Error::Format(e.to_string()))
+}
+
+/// The variance of the prior used, if any.
+pub fn prior_variance(r: &FitResult) -> Option<f64> {
+    let v = r.prior.variance();
+    v.is_finite().then_some(v)
+}
+
+/// Schema of the table chosen by the `table` option.
+pub fn table_schema(t: ResultTable) -> SchemaRef {
+    let f = |name: &str, nullable: bool| Field::new(name, DataType::Float64, nullable);
+    let id = || Field::new("covariate_id", DataType::Int64, true);
+    let name = || Field::new("covariate", DataType::Utf8, false);
+    match t {
+        ResultTable::Coefficients => result_schema(),
+        ResultTable::Cv => Arc::new(Schema::new(vec![
+            f("variance", false),
+            f("mean_log_likelihood", true),
+            f("sd_log_likelihood", true),
+            Field::new("evaluated", DataType::Boolean, false),
+            Field::new("selected", DataType::Boolean, false),
+            Field::new("step", DataType::Int64, true),
+            Field::new("folds", DataType::Int64, false),
+            Field::new("repetitions", DataType::Int64, false),
+            Field::new("by", DataType::Utf8, false),
+            Field::new("stop_reason", DataType::Utf8, false),
+        ])),
+        ResultTable::Profile => Arc::new(Schema::new(vec![
+            id(),
+            name(),
+            f("value", false),
+            f("exp_value", false),
+            f("profile", false),
+            f("log_likelihood", false),
+            Field::new("is_estimate", DataType::Boolean, false),
+        ])),
+        ResultTable::Bootstrap => Arc::new(Schema::new(vec![
+            id(),
+            name(),
+            f("estimate", false),
+            f("bootstrap_mean", false),
+            f("bias", false),
+            f("std_error", false),
+            f("ci_lower", false),
+            f("ci_upper", false),
+            f("nonzero_proportion", false),
+            Field::new("replicates", DataType::Int64, false),
+            Field::new("failed", DataType::Int64, false),
+        ])),
+        ResultTable::Replicates => Arc::new(Schema::new(vec![
+            Field::new("replicate", DataType::Int64, false),
+            id(),
+            name(),
+            f("estimate", false),
+        ])),
+    }
+}
+
+/// The table chosen by the `table` option for fit `r`.
+pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
+    let schema = table_schema(t);
+    let missing = |what: &str| Error::option("table", format!("the fit has no {what}"));
+    let ids = |c: &[crate::fit::Coefficient]| -> ArrayRef {
+        Arc::new(Int64Array::from_iter(c.iter().map(|c| {
+            (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id)
+        })))
+    };
+    let f64s = |v: Vec<f64>| -> ArrayRef { Arc::new(Float64Array::from(v)) };
+    let columns: Vec<ArrayRef> = match t {
+        ResultTable::Coefficients => return result_batch(r),
+        ResultTable::Cv => {
+            let cv = r.cv.as_ref().ok_or_else(|| missing("cross-validation"))?;
+            struct Row {
+                v: f64,
+                mean: Option<f64>,
+                sd: Option<f64>,
+                evaluated: bool,
+                step: Option<i64>,
+            }
+            let mut rows: Vec<Row> = cv
+                .curve
+                .iter()
+                .map(|p| Row {
+                    v: p.variance,
+                    mean: Some(p.mean),
+                    sd: Some(p.sd),
+                    evaluated: true,
+                    step: Some(p.step as i64),
+                })
+                .collect();
+            if !rows.iter().any(|x| x.v == cv.variance) {
+                rows.push(Row {
+                    v: cv.variance,
+                    mean: None,
+                    sd: None,
+                    evaluated: false,
+                    step: None,
+                });
+                rows.sort_by(|a, b| a.v.total_cmp(&b.v));
+            }
+            let n = rows.len();
+            vec![
+                f64s(rows.iter().map(|x| x.v).collect()),
+                Arc::new(Float64Array::from_iter(rows.iter().map(|x| x.mean))),
+                Arc::new(Float64Array::from_iter(rows.iter().map(|x| x.sd))),
+                Arc::new(BooleanArray::from_iter(rows.iter().map(|x| Some(x.evaluated)))),
+                Arc::new(BooleanArray::from_iter(
+                    rows.iter().map(|x| Some(x.v == cv.variance)),
+                )),
+                Arc::new(Int64Array::from_iter(rows.iter().map(|x| x.step))),
+                Arc::new(Int64Array::from(vec![cv.folds as i64; n])),
+                Arc::new(Int64Array::from(vec![cv.repetitions as i64; n])),
+                Arc::new(StringArray::from(vec![cv.by.name(); n])),
+                Arc::new(StringArray::from(vec![cv.stop_reason.as_str(); n])),
+            ]
+        }
+        ResultTable::Profile => {
+            if r.profiles.is_empty() {
+                return Err(missing("likelihood profiles"));
+            }
+            let mut id = Vec::new();
+            let mut name = Vec::new();
+            let mut cols: [Vec<f64>; 4] = Default::default();
+            let mut est = Vec::new();
+            for p in &r.profiles {
+                let label = r
+                    .coefficient(p.covariate_id)
+                    .map_or_else(|| p.covariate_id.to_string(), |c| c.name.clone());
+                for q in &p.points {
+                    id.push((p.covariate_id != INTERCEPT_ID).then_some(p.covariate_id));
+                    name.push(label.clone());
+                    cols[0].push(q.value);
+                    cols[1].push(q.value.exp());
+                    cols[2].push(q.objective);
+                    cols[3].push(q.log_likelihood);
+                    est.push(Some(q.is_estimate));
+                }
+            }
+            let [a, b, c, d] = cols;
+            vec![
+                Arc::new(Int64Array::from_iter(id)),
+                Arc::new(StringArray::from(name)),
+                f64s(a),
+                f64s(b),
+                f64s(c),
+                f64s(d),
+                Arc::new(BooleanArray::from_iter(est)),
+            ]
+        }
+        ResultTable::Bootstrap => {
+            let b = r.bootstrap.as_ref().ok_or_else(|| missing("bootstrap"))?;
+            let c = &r.coefficients;
+            let n = c.len();
+            let s = &b.coefficients;
+            vec![
+                ids(c),
+                Arc::new(StringArray::from_iter_values(c.iter().map(|c| c.name.clone()))),
+                f64s(c.iter().map(|c| c.estimate).collect()),
+                f64s(s.iter().map(|x| x.mean).collect()),
+                f64s(s.iter().map(|x| x.bias).collect()),
+                f64s(s.iter().map(|x| x.std_error).collect()),
+                f64s(s.iter().map(|x| x.lower).collect()),
+                f64s(s.iter().map(|x| x.upper).collect()),
+                f64s(s.iter().map(|x| x.nonzero).collect()),
+                Arc::new(Int64Array::from(vec![b.replicates as i64; n])),
+                Arc::new(Int64Array::from(vec![b.failed as i64; n])),
+            ]
+        }
+        ResultTable::Replicates => {
+            let b = r.bootstrap.as_ref().ok_or_else(|| missing("bootstrap"))?;
+            let c = &r.coefficients;
+            let mut rep = Vec::new();
+            let mut id = Vec::new();
+            let mut name = Vec::new();
+            let mut est = Vec::new();
+            for (k, e) in b.estimates.iter().enumerate() {
+                for (cj, &v) in c.iter().zip(e) {
+                    rep.push(k as i64 + 1);
+                    id.push((cj.covariate_id != INTERCEPT_ID).then_some(cj.covariate_id));
+                    name.push(cj.name.clone());
+                    est.push(v);
+                }
+            }
+            vec![
+                Arc::new(Int64Array::from(rep)),
+                Arc::new(Int64Array::from_iter(id)),
+                Arc::new(StringArray::from(name)),
+                f64s(est),
+            ]
+        }
+    };
     RecordBatch::try_new(schema, columns).map_err(|e| Error::Format(e.to_string()))
 }
 
@@ -849,6 +1049,7 @@ pub fn result_json(r: &FitResult) -> serde_json::Value {
                 "iterations": r.iterations,
                 "status": r.status.name(),
                 "seconds": r.seconds,
+                "prior_variance": prior_variance(r),
             })
         })
         .collect();
@@ -857,6 +1058,13 @@ pub fn result_json(r: &FitResult) -> serde_json::Value {
 
 /// Write the result table to `path`: `.csv`, `.json` or `.parquet` by extension.
 pub fn write_result(r: &FitResult, path: &Path) -> Result<()> {
+    write_batch(&result_batch(r)?, path)
+}
+
+/// Write one batch to `path`: `.csv`, `.json` (an array of objects) or `.parquet` by
+/// extension. The file is written beside the target and renamed into place, so a failure never
+/// leaves a half-written file under the requested name.
+pub fn write_batch(batch: &RecordBatch, path: &Path) -> Result<()> {
     let file_name = path.display().to_string();
     let ext = path
         .extension()
@@ -869,34 +1077,42 @@ pub fn write_result(r: &FitResult, path: &Path) -> Result<()> {
             format!("unknown file type `.{ext}` of {file_name}; expected .csv, .json or .parquet"),
         ));
     }
-    let file = File::create(path).map_err(|source| Error::Io {
+    let io = |source| Error::Io {
         path: file_name.clone(),
         source,
-    })?;
-    match ext.as_str() {
-        "json" => {
+    };
+    let tmp = path.with_file_name(format!(
+        ".{}.partial",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("output")
+    ));
+    let file = File::create(&tmp).map_err(io)?;
+    let written = match ext.as_str() {
+        "json" => (|| {
+            let rows =
+                crate::engine::shell::batch_to_json(batch).map_err(|e| format_err(&file_name, e))?;
             let mut w = std::io::BufWriter::new(file);
-            serde_json::to_writer_pretty(&mut w, &result_json(r))
-                .map_err(|e| format_err(&file_name, e))?;
-            std::io::Write::flush(&mut w).map_err(|source| Error::Io {
-                path: file_name.clone(),
-                source,
-            })
-        }
+            serde_json::to_writer_pretty(&mut w, &rows).map_err(|e| format_err(&file_name, e))?;
+            std::io::Write::flush(&mut w).map_err(|e| format_err(&file_name, e))
+        })(),
         "csv" => {
-            let batch = result_batch(r)?;
             let mut w = arrow::csv::WriterBuilder::new()
                 .with_header(true)
                 .build(std::io::BufWriter::new(file));
-            w.write(&batch).map_err(|e| format_err(&file_name, e))
+            w.write(batch).map_err(|e| format_err(&file_name, e))
         }
-        _ => {
-            let batch = result_batch(r)?;
+        _ => (|| {
             let mut w = ArrowWriter::try_new(file, batch.schema(), None)
                 .map_err(|e| format_err(&file_name, e))?;
-            w.write(&batch).map_err(|e| format_err(&file_name, e))?;
+            w.write(batch).map_err(|e| format_err(&file_name, e))?;
             w.close().map_err(|e| format_err(&file_name, e))?;
             Ok(())
+        })(),
+    };
+    match written {
+        Ok(()) => std::fs::rename(&tmp, path).map_err(io),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
         }
     }
 }
@@ -1256,6 +1472,10 @@ mod tests {
             ci: CiMethod::Wald,
             device: "cpu".into(),
             device_note: None,
+            prior: crate::model::prior::Prior::None,
+            cv: None,
+            bootstrap: None,
+            profiles: Vec::new(),
         }
     }
 
@@ -1291,6 +1511,15 @@ mod tests {
         assert!(json[1]["std_error"].is_null());
         assert_eq!(json[1]["status"], "converged");
         assert!(write_result(&r, &dir.join("r.xlsx")).is_err());
+        // Nothing half-written is left beside the outputs.
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
+        // Tables the fit does not have are clear errors.
+        let e = table_batch(&r, ResultTable::Cv).unwrap_err().to_string();
+        assert!(e.contains("table") && e.contains("cross-validation"), "{e}");
         let table = format_result_table(&r);
         assert!(
             table.contains("age") && table.contains("1.648721"),

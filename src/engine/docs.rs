@@ -25,8 +25,12 @@ const SECTION: DocSection = DocSection {
 
 const OPTIONS_DOC: &str = "JSON object: prior (none|laplace|normal), variance or lambda, exclude \
     (covariate ids never penalized), ties (breslow|efron), convergence (objective|gradient), \
-    tolerance [1e-6], max_iterations [1000], ci (profile|wald|none), ci_level [0.95], device \
-    (auto|cpu|cuda), threads";
+    tolerance [1e-6], max_iterations [1000], ci (profile|wald|bootstrap|none), ci_level [0.95], \
+    device (auto|cpu|cuda), threads; cv (true or {folds [10], repetitions [1], seed [1], search \
+    (auto|grid), grid, by (auto|row|stratum), start_variance, max_steps [20]}: choose the prior \
+    variance by cross-validation), bootstrap (true or {replicates [200], by, seed [1]}), profile \
+    ([ids] or {covariates, include_penalty [true], grid (true|[values]|{from, to, steps})}), \
+    table (coefficients|cv|profile|bootstrap|replicates: which table a table function returns)";
 
 fn model_words(model: ModelKind) -> &'static str {
     match model {
@@ -45,7 +49,9 @@ fn table_doc(name: &str, model: ModelKind) -> Documentation {
         format!(
             "Fits {} by cyclic coordinate descent and returns one row per coefficient: \
              covariate_id, covariate, estimate, std_error, ci_lower, ci_upper, exp_estimate, \
-             penalized, model, log_likelihood, log_prior, iterations, status, seconds.",
+             penalized, model, log_likelihood, log_prior, iterations, status, seconds, \
+             prior_variance (or, with the option table, the CV curve, likelihood profiles or \
+             bootstrap results).",
             model_words(model)
         ),
         format!("{name}(outcomes [, covariates] [, options])"),

@@ -38,7 +38,7 @@ use futures::future::BoxFuture;
 
 use crate::engine::convert::{self, BatchSource, ReadOptions};
 use crate::engine::design_table::DesignRegistry;
-use crate::engine::options::parse_fit_options;
+use crate::engine::options::{parse_fit_options, parse_result_table, ResultTable};
 use crate::fit::{fit_owned, FitOptions};
 use crate::model::ModelKind;
 
@@ -135,6 +135,8 @@ pub struct FitCall {
     pub covariates: Option<String>,
     /// Options.
     pub options: FitOptions,
+    /// Which table to return (option `table`).
+    pub table: ResultTable,
 }
 
 /// Parse `outcomes [, covariates] [, options]`.
@@ -156,12 +158,14 @@ pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfRe
             "{function}: expected an outcomes table or query, optionally a covariates table or query"
         );
     }
-    let options = parse_fit_options(model, options.first().map_or("", |s| s.as_str()))
-        .map_err(to_df_error)?;
+    let json = options.first().map_or("", |s| s.as_str());
+    let options = parse_fit_options(model, json).map_err(to_df_error)?;
+    let table = parse_result_table(model, json).map_err(to_df_error)?;
     Ok(FitCall {
         outcomes: table_sql(tables[0]),
         covariates: tables.get(1).map(|s| table_sql(s)),
         options,
+        table,
     })
 }
 
@@ -203,7 +207,7 @@ pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn Execut
 #[async_trait]
 impl TableProvider for FitTable {
     fn schema(&self) -> SchemaRef {
-        convert::result_schema()
+        convert::table_schema(self.call.table)
     }
 
     fn table_type(&self) -> TableType {
@@ -217,7 +221,7 @@ impl TableProvider for FitTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let schema = convert::result_schema();
+        let schema = convert::table_schema(self.call.table);
         let label = format!("{} ({})", self.function, self.model.name());
         let (model, call) = (self.model, self.call.clone());
         // `@name`: a matrix kept by design_matrix(); nothing to plan or collect.
@@ -232,9 +236,9 @@ impl TableProvider for FitTable {
                 exec_datafusion_err!("no design matrix named `{name}`; create it with design_matrix(outcomes, covariates, '{{\"name\": \"{name}\"}}')")
             })?;
             let producer: BatchProducer = Arc::new(move |_ctx| {
-                let (design, options) = (design.clone(), call.options.clone());
+                let (design, options, table) = (design.clone(), call.options.clone(), call.table);
                 Box::pin(run_blocking("fit", move || {
-                    crate::fit::fit(&design, &options).and_then(|r| convert::result_batch(&r))
+                    crate::fit::fit(&design, &options).and_then(|r| convert::table_batch(&r, table))
                 }))
             });
             return Ok(Arc::new(OneBatchExec::new(
@@ -385,7 +389,7 @@ pub async fn fit_from_plans(
             ..Default::default()
         };
         let result = fit_owned(inputs.design(&read)?, &call.options)?;
-        convert::result_batch(&result)
+        convert::table_batch(&result, call.table)
     })
     .await
 }

@@ -66,6 +66,7 @@ pub fn coefficient_fields() -> Fields {
         Field::new("log_likelihood", DataType::Float64, true),
         Field::new("iterations", DataType::Int64, true),
         Field::new("status", DataType::Utf8, false),
+        Field::new("prior_variance", DataType::Float64, true),
     ])
 }
 
@@ -184,6 +185,16 @@ impl AggregateUDFImpl for FitAggregate {
         };
         let options = parse_fit_options(self.model, &options_json)
             .map_err(crate::engine::fit_table::to_df_error)?;
+        let table = crate::engine::options::parse_result_table(self.model, &options_json)
+            .map_err(crate::engine::fit_table::to_df_error)?;
+        if table != crate::engine::options::ResultTable::Coefficients {
+            return plan_err!(
+                "{}: option `table` is not supported by the aggregates (they return the \
+                 coefficients); use the table function {}",
+                self.name,
+                self.name.trim_end_matches("_agg")
+            );
+        }
         Ok(Box::new(FitAccumulator {
             model: self.model,
             options,
@@ -387,6 +398,10 @@ impl Accumulator for FitAccumulator {
             Option<f64>,
             Option<f64>,
         );
+        let variance = result
+            .as_ref()
+            .ok()
+            .and_then(crate::engine::convert::prior_variance);
         let (coefs, ll, it, status): (Vec<Coef>, Option<f64>, Option<i64>, String) = match result {
             Ok(r) => (
                 r.coefficients
@@ -422,6 +437,7 @@ impl Accumulator for FitAccumulator {
             Arc::new(Float64Array::from(vec![ll; n])),
             Arc::new(Int64Array::from(vec![it; n])),
             Arc::new(StringArray::from(vec![status; n])),
+            Arc::new(Float64Array::from(vec![variance; n])),
         ];
         let structs = StructArray::try_new(fields.clone(), columns, None)?;
         let list = ListArray::try_new(

@@ -10,10 +10,26 @@
 //! | `convergence` | string | `"objective"` | `objective` (relative change) or `gradient` (KKT violation) |
 //! | `tolerance` | number | `1e-6` | threshold of the convergence rule |
 //! | `max_iterations` | int | `1000` | full CCD cycles |
-//! | `ci` | string | `"profile"` | `profile`, `wald` or `none` |
+//! | `ci` | string | `"profile"` | `profile`, `wald`, `bootstrap` (percentile intervals of every coefficient) or `none` |
 //! | `ci_level` | number | `0.95` | interval level |
 //! | `device` | string | `"auto"` | `auto`, `cpu` or `cuda` |
 //! | `threads` | int | all cores | rayon threads |
+//! | `cv` | object or `true` | – | choose the prior variance by cross-validation (below) |
+//! | `bootstrap` | object or `true` | – | bootstrap the fit (below) |
+//! | `profile` | object or array | – | profile intervals / likelihood profiles of chosen coefficients (below) |
+//! | `table` | string | `"coefficients"` | what a `*_fit` table function returns: `coefficients`, `cv` (the CV curve), `profile` (likelihood profiles), `bootstrap` (per-coefficient bootstrap summary) or `replicates` (every bootstrap estimate) |
+//!
+//! `cv` keys (Cyclops' defaults): `folds` [10], `repetitions` [1], `seed` [1], `search`
+//! [`"auto"`] or `"grid"`, `grid` (an array of variances, or `{"lower": 0.01, "upper": 20,
+//! "steps": 10}`), `by` [`"auto"`: strata for SCCS / conditional logistic, rows otherwise] or
+//! `"row"` / `"stratum"`, `start_variance` [Σ‖x_j‖²/(J·N)], `max_steps` [20]. Needs `prior`
+//! `laplace` or `normal`; `variance`/`lambda` may then be omitted.
+//!
+//! `bootstrap` keys: `replicates` [200], `by` [`"auto"`], `seed` [1].
+//!
+//! `profile` keys: `covariates` (ids; an array alone is shorthand for this), `include_penalty`
+//! [true], `grid` (`true` for CohortMethod's 1000 values of log 0.1 … log 10, an array of β
+//! values, or `{"from": a, "to": b, "steps": n}`).
 //!
 //! Unknown keys and wrong types are errors that name the key.
 
@@ -21,7 +37,9 @@ use serde_json::{Map, Value};
 
 use crate::backend::Device;
 use crate::error::{Error, Result};
-use crate::fit::{CiMethod, FitOptions};
+use crate::fit::{CiMethod, FitOptions, ProfileOptions};
+use crate::model::bootstrap::BootstrapOptions;
+use crate::model::cv::{log_grid, CvOptions, CvSearch, Resampling};
 use crate::model::prior::Prior;
 use crate::model::{ModelKind, Ties};
 
@@ -39,7 +57,88 @@ pub const FIT_OPTION_KEYS: &[&str] = &[
     "ci_level",
     "device",
     "threads",
+    "cv",
+    "bootstrap",
+    "profile",
+    "table",
 ];
+
+/// Which table a `*_fit` table function returns (option `table`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResultTable {
+    /// One row per coefficient.
+    #[default]
+    Coefficients,
+    /// The cross-validation curve.
+    Cv,
+    /// Likelihood profiles.
+    Profile,
+    /// Bootstrap summaries per coefficient.
+    Bootstrap,
+    /// Every bootstrap replicate's estimates.
+    Replicates,
+}
+
+impl ResultTable {
+    /// Parse the option value.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "coefficients" | "estimates" => ResultTable::Coefficients,
+            "cv" | "cv_curve" => ResultTable::Cv,
+            "profile" | "profiles" => ResultTable::Profile,
+            "bootstrap" => ResultTable::Bootstrap,
+            "replicates" | "bootstrap_replicates" => ResultTable::Replicates,
+            other => {
+                return Err(Error::option(
+                    "table",
+                    format!(
+                        "unknown `{other}`; expected coefficients, cv, profile, bootstrap or \
+                         replicates"
+                    ),
+                ))
+            }
+        })
+    }
+}
+
+/// The `table` option of a JSON options string (the default when absent), checked against
+/// the other options: `cv` needs `cv`, `profile` needs `profile.grid`, `bootstrap` and
+/// `replicates` need `bootstrap` or `ci = bootstrap`.
+pub fn parse_result_table(model: ModelKind, json: &str) -> Result<ResultTable> {
+    let opts = parse_fit_options(model, json)?;
+    let json = json.trim();
+    if json.is_empty() {
+        return Ok(ResultTable::Coefficients);
+    }
+    let value: Value = serde_json::from_str(json)
+        .map_err(|e| Error::option("options", format!("not valid JSON: {e}")))?;
+    let t = match value.get("table") {
+        None | Some(Value::Null) => return Ok(ResultTable::Coefficients),
+        Some(Value::String(s)) => ResultTable::parse(s)?,
+        Some(other) => {
+            return Err(Error::option(
+                "table",
+                format!("must be a string (got {other})"),
+            ))
+        }
+    };
+    let missing = match t {
+        ResultTable::Cv if opts.cv.is_none() => Some("`table: cv` needs a `cv` option"),
+        ResultTable::Profile if opts.profile.grid.is_none() => {
+            Some("`table: profile` needs `profile` with `covariates` and `grid`")
+        }
+        ResultTable::Bootstrap | ResultTable::Replicates
+            if opts.bootstrap.is_none() && opts.ci != CiMethod::Bootstrap =>
+        {
+            Some("this table needs a `bootstrap` option (or `ci: bootstrap`)")
+        }
+        _ => None,
+    };
+    match missing {
+        Some(m) => Err(Error::option("table", m)),
+        None => Ok(t),
+    }
+}
 
 /// Parse a JSON options string (empty string or `{}` for the defaults) for `model`.
 pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
@@ -70,7 +169,22 @@ pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
     let family = get_str(&map, "prior")?.unwrap_or("none");
     let variance = get_f64(&map, "variance")?;
     let lambda = get_f64(&map, "lambda")?;
-    opts.prior = Prior::from_parts(family, variance, lambda)?;
+    if let Some(cv) = map.get("cv") {
+        opts.cv = parse_cv(cv)?;
+    }
+    // With cross-validation the variance is chosen; a given one is only a placeholder.
+    let placeholder = opts.cv.is_some() && variance.is_none() && lambda.is_none();
+    opts.prior = if placeholder && family != "none" {
+        Prior::from_parts(family, Some(1.0), None)?
+    } else {
+        Prior::from_parts(family, variance, lambda)?
+    };
+    if let Some(b) = map.get("bootstrap") {
+        opts.bootstrap = parse_bootstrap(b)?;
+    }
+    if let Some(p) = map.get("profile") {
+        opts.profile = parse_profile(p)?;
+    }
     if let Some(v) = map.get("exclude") {
         let arr = v
             .as_array()
@@ -110,6 +224,235 @@ pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
     }
     opts.check()?;
     Ok(opts)
+}
+
+/// `true`/`false`/`null` or an object with only `keys`; returns the object (empty for `true`).
+fn sub_object<'a>(
+    value: &'a Value,
+    name: &str,
+    keys: &[&str],
+) -> Result<Option<Map<String, Value>>> {
+    match value {
+        Value::Null | Value::Bool(false) => Ok(None),
+        Value::Bool(true) => Ok(Some(Map::new())),
+        Value::Object(m) => {
+            for k in m.keys() {
+                if !keys.contains(&k.as_str()) {
+                    return Err(Error::option(
+                        &format!("{name}.{k}"),
+                        format!("unknown option; expected one of {}", keys.join(", ")),
+                    ));
+                }
+            }
+            Ok(Some(
+                m.iter()
+                    .map(|(k, v)| (format!("{name}.{k}"), v.clone()))
+                    .collect(),
+            ))
+        }
+        other => Err(Error::option(
+            name,
+            format!("must be an object or true (got {other})"),
+        )),
+    }
+}
+
+fn get_u64(map: &Map<String, Value>, key: &str) -> Result<Option<u64>> {
+    get_usize(map, key).map(|v| v.map(|v| v as u64))
+}
+
+fn f64_array(v: &Value, key: &str) -> Result<Vec<f64>> {
+    let arr = v
+        .as_array()
+        .ok_or_else(|| Error::option(key, format!("must be an array of numbers (got {v})")))?;
+    arr.iter()
+        .map(|x| {
+            x.as_f64()
+                .ok_or_else(|| Error::option(key, format!("`{x}` is not a number")))
+        })
+        .collect()
+}
+
+fn parse_cv(value: &Value) -> Result<Option<CvOptions>> {
+    const KEYS: &[&str] = &[
+        "folds",
+        "repetitions",
+        "seed",
+        "search",
+        "grid",
+        "by",
+        "start_variance",
+        "max_steps",
+    ];
+    let Some(m) = sub_object(value, "cv", KEYS)? else {
+        return Ok(None);
+    };
+    let mut o = CvOptions::default();
+    if let Some(k) = get_usize(&m, "cv.folds")? {
+        o.folds = k;
+    }
+    if let Some(k) = get_usize(&m, "cv.repetitions")? {
+        o.repetitions = k;
+    }
+    if let Some(k) = get_u64(&m, "cv.seed")? {
+        o.seed = k;
+    }
+    if let Some(k) = get_usize(&m, "cv.max_steps")? {
+        o.max_steps = k;
+    }
+    o.start_variance = get_f64(&m, "cv.start_variance")?;
+    if let Some(b) = get_str(&m, "cv.by")? {
+        o.by = Resampling::parse("cv.by", b)?;
+    }
+    let grid = match m.get("cv.grid") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Array(_)) => Some(f64_array(v, "cv.grid")?),
+        Some(Value::Object(g)) => {
+            let g: Map<String, Value> = g
+                .iter()
+                .map(|(k, v)| (format!("cv.grid.{k}"), v.clone()))
+                .collect();
+            for k in g.keys() {
+                if !["cv.grid.lower", "cv.grid.upper", "cv.grid.steps"].contains(&k.as_str()) {
+                    return Err(Error::option(k, "unknown option; expected lower, upper, steps"));
+                }
+            }
+            let lower = get_f64(&g, "cv.grid.lower")?.unwrap_or(0.01);
+            let upper = get_f64(&g, "cv.grid.upper")?.unwrap_or(20.0);
+            let steps = get_usize(&g, "cv.grid.steps")?.unwrap_or(10);
+            if !(lower > 0.0 && upper >= lower && steps >= 1) {
+                return Err(Error::option(
+                    "cv.grid",
+                    "needs 0 < lower ≤ upper and steps ≥ 1",
+                ));
+            }
+            Some(log_grid(lower, upper, steps))
+        }
+        Some(other) => {
+            return Err(Error::option(
+                "cv.grid",
+                format!("must be an array of variances or {{lower, upper, steps}} (got {other})"),
+            ))
+        }
+    };
+    let search = get_str(&m, "cv.search")?.map(|s| s.to_ascii_lowercase());
+    match (search.as_deref(), grid) {
+        (None | Some("grid"), Some(g)) => o.search = CvSearch::Grid(g),
+        (Some("grid"), None) => o.search = CvSearch::Grid(log_grid(0.01, 20.0, 10)),
+        (None | Some("auto"), None) => {}
+        (Some("auto"), Some(_)) => {
+            return Err(Error::option(
+                "cv.grid",
+                "a grid is only used with `search: grid`",
+            ))
+        }
+        (Some(s), _) => {
+            return Err(Error::option(
+                "cv.search",
+                format!("unknown `{s}`; expected auto or grid"),
+            ))
+        }
+    }
+    o.check()?;
+    Ok(Some(o))
+}
+
+fn parse_bootstrap(value: &Value) -> Result<Option<BootstrapOptions>> {
+    let Some(m) = sub_object(value, "bootstrap", &["replicates", "by", "seed"])? else {
+        return Ok(None);
+    };
+    let mut o = BootstrapOptions::default();
+    if let Some(k) = get_usize(&m, "bootstrap.replicates")? {
+        o.replicates = k;
+    }
+    if let Some(k) = get_u64(&m, "bootstrap.seed")? {
+        o.seed = k;
+    }
+    if let Some(b) = get_str(&m, "bootstrap.by")? {
+        o.by = Resampling::parse("bootstrap.by", b)?;
+    }
+    o.check()?;
+    Ok(Some(o))
+}
+
+fn parse_profile(value: &Value) -> Result<ProfileOptions> {
+    let mut o = ProfileOptions::default();
+    let ids = |v: &Value| -> Result<Vec<i64>> {
+        let arr = v.as_array().ok_or_else(|| {
+            Error::option("profile.covariates", "must be an array of covariate ids")
+        })?;
+        arr.iter()
+            .map(|x| {
+                x.as_i64().ok_or_else(|| {
+                    Error::option(
+                        "profile.covariates",
+                        format!("`{x}` is not an integer covariate id"),
+                    )
+                })
+            })
+            .collect()
+    };
+    if value.is_array() {
+        o.covariates = ids(value)?;
+        return Ok(o);
+    }
+    let Some(m) = sub_object(value, "profile", &["covariates", "include_penalty", "grid"])? else {
+        return Ok(o);
+    };
+    if let Some(v) = m.get("profile.covariates") {
+        o.covariates = ids(v)?;
+    }
+    match m.get("profile.include_penalty") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => o.include_penalty = *b,
+        Some(other) => {
+            return Err(Error::option(
+                "profile.include_penalty",
+                format!("must be true or false (got {other})"),
+            ))
+        }
+    }
+    o.grid = match m.get("profile.grid") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(crate::fit::default_profile_grid()),
+        Some(v @ Value::Array(_)) => Some(f64_array(v, "profile.grid")?),
+        Some(Value::Object(g)) => {
+            let g: Map<String, Value> = g
+                .iter()
+                .map(|(k, v)| (format!("profile.grid.{k}"), v.clone()))
+                .collect();
+            for k in g.keys() {
+                if !["profile.grid.from", "profile.grid.to", "profile.grid.steps"]
+                    .contains(&k.as_str())
+                {
+                    return Err(Error::option(k, "unknown option; expected from, to, steps"));
+                }
+            }
+            let from = get_f64(&g, "profile.grid.from")?
+                .ok_or_else(|| Error::option("profile.grid.from", "is required"))?;
+            let to = get_f64(&g, "profile.grid.to")?
+                .ok_or_else(|| Error::option("profile.grid.to", "is required"))?;
+            let steps = get_usize(&g, "profile.grid.steps")?.unwrap_or(100);
+            if !(to > from && steps >= 2) {
+                return Err(Error::option(
+                    "profile.grid",
+                    "needs from < to and steps ≥ 2",
+                ));
+            }
+            Some(
+                (0..steps)
+                    .map(|i| from + (to - from) * i as f64 / (steps - 1) as f64)
+                    .collect(),
+            )
+        }
+        Some(other) => {
+            return Err(Error::option(
+                "profile.grid",
+                format!("must be true, an array or {{from, to, steps}} (got {other})"),
+            ))
+        }
+    };
+    Ok(o)
 }
 
 fn get_str<'a>(map: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>> {

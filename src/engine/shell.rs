@@ -104,7 +104,9 @@ pub fn format_batches(batches: &[RecordBatch], format: OutputFormat) -> DfResult
     }
 }
 
-fn batch_to_json(b: &RecordBatch) -> DfResult<Vec<serde_json::Value>> {
+/// The rows of `b` as JSON objects (integers, floats, booleans as JSON values, non-finite
+/// floats and NULL as `null`, everything else as text).
+pub fn batch_to_json(b: &RecordBatch) -> DfResult<Vec<serde_json::Value>> {
     use datafusion::arrow::datatypes::{Float64Type, Int64Type};
     use serde_json::Value;
     let options = FormatOptions::default();

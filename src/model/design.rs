@@ -224,6 +224,106 @@ impl DesignMatrix {
         )
     }
 
+    /// A new design of the rows `rows[k]` (k = 0, 1, …; a row may repeat, as in a bootstrap
+    /// sample) with every column. `strata[k]`, when given, is the dense stratum index of output
+    /// row k (a bootstrap by stratum gives each drawn copy of a stratum its own stratum); the
+    /// new strata get ids 0, 1, … in that case. Otherwise output rows keep their strata, which
+    /// are renumbered densely in order of first appearance and keep their ids. Row ids, times,
+    /// outcomes, weights, offsets and censoring weights are copied.
+    pub fn subset_rows(&self, rows: &[u32], strata: Option<&[u32]>) -> DesignMatrix {
+        let n_out = rows.len();
+        let src = &self.rows;
+        let pick_f64 = |v: &Vec<f64>| -> Vec<f64> { rows.iter().map(|&r| v[r as usize]).collect() };
+        let (stratum, stratum_ids) = match strata {
+            Some(s) => {
+                let n_s = s.iter().map(|&x| x as usize + 1).max().unwrap_or(0);
+                (s.to_vec(), (0..n_s as i64).collect())
+            }
+            None => {
+                let mut map: HashMap<u32, u32> = HashMap::new();
+                let mut ids = Vec::new();
+                let st = rows
+                    .iter()
+                    .map(|&r| {
+                        let old = src.stratum[r as usize];
+                        *map.entry(old).or_insert_with(|| {
+                            ids.push(src.stratum_ids.get(old as usize).copied().unwrap_or(0));
+                            (ids.len() - 1) as u32
+                        })
+                    })
+                    .collect();
+                (st, ids)
+            }
+        };
+        let new_rows = Rows {
+            row_id: rows.iter().map(|&r| src.row_id[r as usize]).collect(),
+            stratum,
+            stratum_ids,
+            has_strata: src.has_strata || strata.is_some(),
+            time: pick_f64(&src.time),
+            start_time: src.start_time.as_ref().map(pick_f64),
+            y: pick_f64(&src.y),
+            weight: src.weight.as_ref().map(pick_f64),
+            offset: src.offset.as_ref().map(pick_f64),
+            censor_weight: src.censor_weight.as_ref().map(pick_f64),
+        };
+        // Output positions of every source row (CSR), in increasing output order.
+        let n_src = self.n_rows();
+        let mut start = vec![0u32; n_src + 1];
+        for &r in rows {
+            start[r as usize + 1] += 1;
+        }
+        for i in 0..n_src {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut positions = vec![0u32; n_out];
+        for (k, &r) in rows.iter().enumerate() {
+            positions[fill[r as usize] as usize] = k as u32;
+            fill[r as usize] += 1;
+        }
+        let monotone = rows.windows(2).all(|w| w[0] <= w[1]);
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| {
+                if c.format == ColumnFormat::Dense {
+                    return Column {
+                        id: c.id,
+                        name: c.name.clone(),
+                        format: ColumnFormat::Dense,
+                        rows: Vec::new(),
+                        values: rows.iter().map(|&r| c.values[r as usize]).collect(),
+                    };
+                }
+                let mut entries: Vec<(u32, f64)> = Vec::new();
+                for (r, v) in c.entries() {
+                    let (a, b) = (start[r] as usize, start[r + 1] as usize);
+                    entries.extend(positions[a..b].iter().map(|&p| (p, v)));
+                }
+                if !monotone {
+                    entries.sort_unstable_by_key(|e| e.0);
+                }
+                Column {
+                    id: c.id,
+                    name: c.name.clone(),
+                    format: c.format,
+                    rows: entries.iter().map(|e| e.0).collect(),
+                    values: if c.format == ColumnFormat::Sparse {
+                        entries.iter().map(|e| e.1).collect()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect();
+        DesignMatrix {
+            rows: new_rows,
+            columns,
+            dropped_unknown: 0,
+        }
+    }
+
     /// `(id, name)` of every column, in order.
     pub fn column_labels(&self) -> Vec<ColumnLabel> {
         self.columns

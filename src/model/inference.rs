@@ -228,6 +228,171 @@ pub fn profile_interval(
     level: f64,
     opts: &CcdOptions,
 ) -> Result<ProfileInterval> {
+    let (lower, e1) = profile_bound(lik, priors, optimum, j, -1.0, scale, level, opts)?;
+    let (upper, e2) = profile_bound(lik, priors, optimum, j, 1.0, scale, level, opts)?;
+    Ok(ProfileInterval {
+        lower,
+        upper,
+        evaluations: e1 + e2,
+    })
+}
+
+/// One target of [`profile_intervals`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileTarget {
+    /// Coefficient index.
+    pub j: usize,
+    /// First step size (e.g. the SE; NaN for a default).
+    pub scale: f64,
+    /// Priors to profile under (the fit's, or with coefficient j's penalty removed).
+    pub priors: PriorSet,
+    /// The optimum of the objective under `priors` (β̂ and its objective).
+    pub beta: Vec<f64>,
+    /// Objective at `beta`.
+    pub objective: f64,
+}
+
+/// Profile intervals of several coefficients, both bounds of each in parallel (rayon), each
+/// task on its own copy of the likelihood ([`Likelihood::boxed_clone`]). Every bound is found
+/// exactly as [`profile_interval`] would, so the result does not depend on the thread count.
+pub fn profile_intervals(
+    lik: &dyn Likelihood,
+    targets: &[ProfileTarget],
+    level: f64,
+    opts: &CcdOptions,
+) -> Result<Vec<ProfileInterval>> {
+    use rayon::prelude::*;
+    let tasks: Vec<(usize, f64)> = (0..targets.len())
+        .flat_map(|t| [(t, -1.0), (t, 1.0)])
+        .collect();
+    if tasks.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One copy of the likelihood per worker (not per task: memory), each working through a
+    // contiguous chunk of tasks. Every refit starts with a full recompute of the state, so a
+    // bound does not depend on which copy computed it.
+    let workers = rayon::current_num_threads().clamp(1, tasks.len());
+    let chunk = tasks.len().div_ceil(workers);
+    let mut copies: Vec<Box<dyn Likelihood>> = (0..tasks.chunks(chunk).len())
+        .map(|_| lik.boxed_clone())
+        .collect();
+    let per_chunk: Vec<Vec<(Option<f64>, usize)>> = copies
+        .par_iter_mut()
+        .zip(tasks.par_chunks(chunk))
+        .map(|(own, chunk)| {
+            chunk
+                .iter()
+                .map(|&(t, dir)| {
+                    let tg = &targets[t];
+                    let optimum = Optimum {
+                        beta: &tg.beta,
+                        objective: tg.objective,
+                    };
+                    profile_bound(
+                        own.as_mut(),
+                        &tg.priors,
+                        optimum,
+                        tg.j,
+                        dir,
+                        tg.scale,
+                        level,
+                        opts,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<_>>()?;
+    let bounds: Vec<(Option<f64>, usize)> = per_chunk.into_iter().flatten().collect();
+    Ok(bounds
+        .chunks(2)
+        .map(|b| ProfileInterval {
+            lower: b[0].0,
+            upper: b[1].0,
+            evaluations: b[0].1 + b[1].1,
+        })
+        .collect())
+}
+
+/// One point of a likelihood profile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProfilePoint {
+    /// β_j.
+    pub value: f64,
+    /// max over the other coefficients of the objective (LL + log prior of `priors`).
+    pub objective: f64,
+    /// The log-likelihood at that maximizer.
+    pub log_likelihood: f64,
+    /// Whether this is the optimum itself (the estimate added to the grid).
+    pub is_estimate: bool,
+}
+
+/// The profile of coefficient `j` on `grid` plus the optimum itself (as SCCS and CohortMethod
+/// report likelihood profiles). The grid is walked outward from the estimate on each side with
+/// warm starts, the two sides in parallel. Points whose refit is ill-conditioned are left out.
+pub fn profile_grid(
+    lik: &dyn Likelihood,
+    target: &ProfileTarget,
+    grid: &[f64],
+    opts: &CcdOptions,
+) -> Result<Vec<ProfilePoint>> {
+    let j = target.j;
+    let hat = target.beta[j];
+    let mut left: Vec<f64> = grid.iter().copied().filter(|&b| b < hat).collect();
+    let mut right: Vec<f64> = grid.iter().copied().filter(|&b| b > hat).collect();
+    left.sort_by(|a, b| b.total_cmp(a));
+    right.sort_by(f64::total_cmp);
+    let mut inner = *opts;
+    inner.tolerance = (opts.tolerance * 1e-3).max(1e-13);
+    let mut fixed = vec![false; target.beta.len()];
+    fixed[j] = true;
+    let walk = |mut own: Box<dyn Likelihood>, side: &[f64]| -> Result<Vec<ProfilePoint>> {
+        let mut warm = target.beta.clone();
+        let mut out = Vec::with_capacity(side.len());
+        for &b in side {
+            warm[j] = b;
+            let r = ccd::fit(own.as_mut(), &target.priors, &warm, Some(&fixed), &inner)?;
+            if r.status == FitStatus::IllConditioned {
+                continue;
+            }
+            warm = r.beta;
+            out.push(ProfilePoint {
+                value: b,
+                objective: r.log_likelihood + r.log_prior,
+                log_likelihood: r.log_likelihood,
+                is_estimate: false,
+            });
+        }
+        Ok(out)
+    };
+    let (own_l, own_r) = (lik.boxed_clone(), lik.boxed_clone());
+    let (l, r) = rayon::join(|| walk(own_l, &left), || walk(own_r, &right));
+    let mut own = lik.boxed_clone();
+    own.set_beta(&target.beta);
+    let ll_hat = own.log_likelihood();
+    let mut points = l?;
+    points.reverse();
+    points.push(ProfilePoint {
+        value: hat,
+        objective: target.objective,
+        log_likelihood: ll_hat,
+        is_estimate: true,
+    });
+    points.extend(r?);
+    Ok(points)
+}
+
+/// One bound (`dir` = −1 lower, +1 upper) of the profile interval and the refits it took.
+#[allow(clippy::too_many_arguments)]
+fn profile_bound(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    optimum: Optimum<'_>,
+    j: usize,
+    dir: f64,
+    scale: f64,
+    level: f64,
+    opts: &CcdOptions,
+) -> Result<(Option<f64>, usize)> {
     let beta_hat = optimum.beta;
     let objective_hat = optimum.objective;
     let threshold = objective_hat - profile_threshold(level);
@@ -241,52 +406,44 @@ pub fn profile_interval(
     } else {
         0.5_f64.max(beta_hat[j].abs() * 0.1)
     };
-    let mut bounds = [None, None];
-    for (side, dir) in [(0usize, -1.0f64), (1, 1.0)] {
-        // φ(b) = profile(b) − threshold, positive at the estimate.
-        let mut warm = beta_hat.to_vec();
-        let mut eval = |b: f64, warm: &mut Vec<f64>| -> Result<Option<f64>> {
-            warm[j] = b;
-            let r = ccd::fit(lik, priors, warm, Some(&fixed), &inner)?;
-            evaluations += 1;
-            if r.status == FitStatus::IllConditioned {
-                return Ok(None);
+    // φ(b) = profile(b) − threshold, positive at the estimate.
+    let mut warm = beta_hat.to_vec();
+    let mut eval = |b: f64, warm: &mut Vec<f64>| -> Result<Option<f64>> {
+        warm[j] = b;
+        let r = ccd::fit(lik, priors, warm, Some(&fixed), &inner)?;
+        evaluations += 1;
+        if r.status == FitStatus::IllConditioned {
+            return Ok(None);
+        }
+        *warm = r.beta;
+        Ok(Some(r.log_likelihood + r.log_prior - threshold))
+    };
+    let mut lo = beta_hat[j];
+    let mut f_lo = objective_hat - threshold;
+    let mut step = step0;
+    let mut found = None;
+    for _ in 0..40 {
+        let hi = lo + dir * step;
+        match eval(hi, &mut warm)? {
+            None => break,
+            Some(f_hi) if f_hi <= 0.0 => {
+                found = Some((lo, f_lo, hi, f_hi));
+                break;
             }
-            *warm = r.beta;
-            Ok(Some(r.log_likelihood + r.log_prior - threshold))
-        };
-        let mut lo = beta_hat[j];
-        let mut f_lo = objective_hat - threshold;
-        let mut step = step0;
-        let mut found = None;
-        for _ in 0..40 {
-            let hi = lo + dir * step;
-            match eval(hi, &mut warm)? {
-                None => break,
-                Some(f_hi) if f_hi <= 0.0 => {
-                    found = Some((lo, f_lo, hi, f_hi));
-                    break;
-                }
-                Some(f_hi) => {
-                    lo = hi;
-                    f_lo = f_hi;
-                    step *= 2.0;
-                }
+            Some(f_hi) => {
+                lo = hi;
+                f_lo = f_hi;
+                step *= 2.0;
             }
         }
-        let Some((a, fa, b, fb)) = found else {
-            continue;
-        };
-        let root = brent(a, fa, b, fb, 1e-9 * (1.0 + a.abs()), 100, |x| {
-            eval(x, &mut warm).map(|v| v.unwrap_or(f64::NAN))
-        })?;
-        bounds[side] = root;
     }
-    Ok(ProfileInterval {
-        lower: bounds[0],
-        upper: bounds[1],
-        evaluations,
-    })
+    let Some((a, fa, b, fb)) = found else {
+        return Ok((None, evaluations));
+    };
+    let root = brent(a, fa, b, fb, 1e-9 * (1.0 + a.abs()), 100, |x| {
+        eval(x, &mut warm).map(|v| v.unwrap_or(f64::NAN))
+    })?;
+    Ok((root, evaluations))
 }
 
 /// Brent's root finder on [a, b] with f(a)·f(b) ≤ 0. Returns `None` if f turns NaN.

@@ -40,15 +40,18 @@ macro_rules! delegate_likelihood {
     };
 }
 
+pub mod bootstrap;
 pub mod ccd;
 pub mod censoring;
 pub mod cox;
+pub mod cv;
 pub mod design;
 pub mod fine_gray;
 pub mod glm;
 pub mod inference;
 pub mod prior;
 pub mod risk_set;
+pub mod rng;
 pub mod sccs;
 
 use crate::error::{Error, Result};

@@ -1,0 +1,675 @@
+//! Cross-validation of the prior variance (DESIGN.md §7; Cyclops' `cvType = "auto"` / `"grid"`).
+//!
+//! **Folds.** The units — strata for the conditional models (SCCS, conditional logistic: whole
+//! cases are held out), rows otherwise — are permuted by a seeded generator and dealt round-robin
+//! into k folds; each repetition draws a new permutation from the same stream. The folds are
+//! fixed before the search starts, so every candidate variance sees the same folds.
+//!
+//! **Held-out log-likelihood.** For fold f the model is fitted on the other folds; the predictive
+//! log-likelihood is the model's log-likelihood of the held-out units alone at that fit's β:
+//! for Cox and Fine–Gray the risk sets (and Fine–Gray's censoring weights) are rebuilt from the
+//! held-out rows (Cyclops' convention); for SCCS it is the conditional likelihood of the held-out
+//! cases. A candidate variance scores the mean over the k × repetitions folds; the curve also
+//! reports their standard deviation (n − 1 denominator).
+//!
+//! **Auto search** (Cyclops' `UniModalSearch(10, 0.01, log 1.5)`): start at v₀ = Σ_j‖x_j‖²/(J·N)
+//! (J covariate columns, intercept excluded; N rows) unless a start is given; the second point is
+//! v₀/10; then step ×10 (or ÷10) beyond the best point until the best is bracketed; then fit a
+//! quadratic in log v to all points, weighted by 1/sd, and move to its maximum. Stop when the
+//! predicted gain over the best point is < 1% (relative) or the step in log v is < log 1.5; the
+//! selected variance is the quadratic's maximizer (as Cyclops), clamped to the tried range.
+//! **Grid search** evaluates the given variances from the smallest (strongest penalty) up and
+//! selects the best mean.
+//!
+//! **Warm starts and reproducibility.** Each fold keeps its likelihood (one copy of its rows, so
+//! memory is about k copies of the design) and its last β, which starts the next candidate's fit.
+//! Folds run in parallel (rayon); each fold's computation is sequential in candidate order and
+//! the likelihoods' own parallel sums use data-determined chunks, so **results are bit-identical
+//! whatever the thread count** (Cyclops issue #56).
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::ccd::{self, CcdOptions, FitStatus};
+use super::design::{DesignMatrix, INTERCEPT_ID};
+use super::prior::{Prior, PriorSet};
+use super::rng::Rng;
+use super::{cpu_likelihood_owned, Likelihood, LikelihoodOptions, ModelKind};
+use crate::error::{Error, Result};
+
+/// What the folds (and bootstrap draws) are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Resampling {
+    /// Strata for conditional models (SCCS, conditional logistic), rows otherwise.
+    #[default]
+    Auto,
+    /// Rows.
+    Row,
+    /// Whole strata.
+    Stratum,
+}
+
+impl Resampling {
+    /// Parse `auto`, `row` or `stratum`.
+    pub fn parse(key: &str, s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Resampling::Auto),
+            "row" | "rows" => Ok(Resampling::Row),
+            "stratum" | "strata" | "case" | "cases" => Ok(Resampling::Stratum),
+            other => Err(Error::option(
+                key,
+                format!("unknown `{other}`; expected auto, row or stratum"),
+            )),
+        }
+    }
+
+    /// `Row` or `Stratum` for `kind`.
+    pub fn resolve(self, kind: ModelKind) -> Resampling {
+        match self {
+            Resampling::Auto => match kind {
+                ModelKind::ConditionalPoisson | ModelKind::ConditionalLogistic => {
+                    Resampling::Stratum
+                }
+                _ => Resampling::Row,
+            },
+            other => other,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resampling::Auto => "auto",
+            Resampling::Row => "row",
+            Resampling::Stratum => "stratum",
+        }
+    }
+}
+
+/// How candidate variances are chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CvSearch {
+    /// Bracket by ×10 steps, then a weighted quadratic in log variance.
+    Auto,
+    /// These variances (any order; evaluated from the smallest up).
+    Grid(Vec<f64>),
+}
+
+/// Cross-validation options; see the module docs.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `folds` | 10 | k ≥ 2 |
+/// | `repetitions` | 1 | full k-fold repetitions, each with a new permutation |
+/// | `seed` | 1 | seed of the fold assignment |
+/// | `search` | auto | [`CvSearch`]: auto, or grid (default grid: 10 log-spaced values 0.01–20, Cyclops') |
+/// | `by` | auto | [`Resampling`] |
+/// | `start_variance` | Σ‖x_j‖²/(J·N) | first candidate of the auto search |
+/// | `max_steps` | 20 | candidates evaluated at most by the auto search |
+#[derive(Debug, Clone, PartialEq)]
+pub struct CvOptions {
+    /// Number of folds.
+    pub folds: usize,
+    /// Repetitions of the whole k-fold split.
+    pub repetitions: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Search strategy.
+    pub search: CvSearch,
+    /// Fold units.
+    pub by: Resampling,
+    /// First variance of the auto search.
+    pub start_variance: Option<f64>,
+    /// Maximum candidates of the auto search.
+    pub max_steps: usize,
+}
+
+impl Default for CvOptions {
+    fn default() -> Self {
+        CvOptions {
+            folds: 10,
+            repetitions: 1,
+            seed: 1,
+            search: CvSearch::Auto,
+            by: Resampling::Auto,
+            start_variance: None,
+            max_steps: 20,
+        }
+    }
+}
+
+/// Cyclops' default grid: `steps` log-spaced variances from `lower` to `upper` inclusive.
+pub fn log_grid(lower: f64, upper: f64, steps: usize) -> Vec<f64> {
+    if steps <= 1 {
+        return vec![lower];
+    }
+    let (a, b) = (lower.ln(), upper.ln());
+    (0..steps)
+        .map(|i| (a + (b - a) * i as f64 / (steps - 1) as f64).exp())
+        .collect()
+}
+
+impl CvOptions {
+    /// Validate.
+    pub fn check(&self) -> Result<()> {
+        if self.folds < 2 {
+            return Err(Error::option("cv.folds", "must be ≥ 2"));
+        }
+        if self.repetitions < 1 {
+            return Err(Error::option("cv.repetitions", "must be ≥ 1"));
+        }
+        if self.max_steps < 3 {
+            return Err(Error::option("cv.max_steps", "must be ≥ 3"));
+        }
+        if let Some(v) = self.start_variance {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::option(
+                    "cv.start_variance",
+                    format!("must be a finite number > 0 (got {v})"),
+                ));
+            }
+        }
+        if let CvSearch::Grid(g) = &self.search {
+            if g.is_empty() {
+                return Err(Error::option("cv.grid", "needs at least one variance"));
+            }
+            if let Some(v) = g.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                return Err(Error::option(
+                    "cv.grid",
+                    format!("variances must be finite and > 0 (got {v})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One evaluated candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CvPoint {
+    /// Prior variance.
+    pub variance: f64,
+    /// Mean held-out log-likelihood over all folds and repetitions.
+    pub mean: f64,
+    /// Its standard deviation over the folds (n − 1 denominator).
+    pub sd: f64,
+    /// Held-out log-likelihood per fold, repetition-major.
+    pub folds: Vec<f64>,
+    /// Position in the search (0 = first evaluated).
+    pub step: usize,
+}
+
+/// Result of [`cross_validate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CvResult {
+    /// Selected variance.
+    pub variance: f64,
+    /// Every evaluated candidate, by increasing variance.
+    pub curve: Vec<CvPoint>,
+    /// Fold units used.
+    pub by: Resampling,
+    /// Folds.
+    pub folds: usize,
+    /// Repetitions.
+    pub repetitions: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Why the search stopped.
+    pub stop_reason: String,
+    /// CCD fits run (folds × candidates).
+    pub fits: usize,
+    /// Wall time, seconds.
+    pub seconds: f64,
+}
+
+/// The fitting problem shared by cross-validation and the bootstrap: a design (without the
+/// intercept column, which is added for the models that have one), the model and the
+/// optimizer options. `exclude` lists covariate ids never penalized (the intercept never is).
+#[derive(Debug, Clone, Copy)]
+pub struct Problem<'a> {
+    /// The data.
+    pub design: &'a DesignMatrix,
+    /// Model.
+    pub kind: ModelKind,
+    /// Likelihood options (ties).
+    pub lik: LikelihoodOptions,
+    /// Covariate ids excluded from the penalty.
+    pub exclude: &'a [i64],
+    /// Optimizer options.
+    pub ccd: CcdOptions,
+}
+
+impl Problem<'_> {
+    /// Covariate ids of the coefficients, in fit order (intercept first when the model has one).
+    pub fn coefficient_ids(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.design.columns.iter().map(|c| c.id).collect();
+        if self.kind.has_intercept() && !self.design.has_intercept() {
+            ids.insert(0, INTERCEPT_ID);
+        }
+        ids
+    }
+
+    /// The priors of every coefficient for `prior`.
+    pub fn priors(&self, prior: Prior) -> PriorSet {
+        let excluded: Vec<bool> = self
+            .coefficient_ids()
+            .iter()
+            .map(|&id| id == INTERCEPT_ID || self.exclude.contains(&id))
+            .collect();
+        PriorSet::new(prior, &excluded)
+    }
+
+    /// The likelihood of the rows `rows` (see [`DesignMatrix::subset_rows`]).
+    pub fn likelihood_on(&self, rows: &[u32], strata: Option<&[u32]>) -> Result<Box<dyn Likelihood>> {
+        let mut sub = self.design.subset_rows(rows, strata);
+        if self.kind.has_intercept() && !sub.has_intercept() {
+            sub = sub.with_intercept();
+        }
+        cpu_likelihood_owned(self.kind, sub, self.lik)
+    }
+
+    /// The resampling unit of every row: its dense stratum (by stratum) or itself (by row),
+    /// and the number of units.
+    pub fn units(&self, by: Resampling) -> (Vec<u32>, usize) {
+        let x = self.design;
+        match by.resolve(self.kind) {
+            Resampling::Stratum => (x.rows.stratum.clone(), x.n_strata()),
+            _ => ((0..x.n_rows() as u32).collect(), x.n_rows()),
+        }
+    }
+}
+
+/// Cyclops' starting variance Σ_j‖x_j‖²/(J·N) over the covariate columns (not the intercept).
+pub fn default_variance(x: &DesignMatrix) -> f64 {
+    let cols: Vec<_> = x.columns.iter().filter(|c| c.id != INTERCEPT_ID).collect();
+    let ss: f64 = cols.iter().map(|c| c.sum_squares()).sum();
+    let v = ss / (cols.len().max(1) as f64 * x.n_rows().max(1) as f64);
+    if v.is_finite() && v > 0.0 {
+        v
+    } else {
+        1.0
+    }
+}
+
+/// A seed for stream `k` derived from `seed` (splitmix64 finalizer of both).
+pub fn stream_seed(seed: u64, k: u64) -> u64 {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    mix(seed ^ mix(k.wrapping_add(0x5851_F42D_4C95_7F2D)))
+}
+
+/// Fold of each of `n_units` units for every repetition (repetition-major): a seeded
+/// Fisher–Yates permutation dealt round-robin, so fold sizes differ by at most one.
+pub fn assign_folds(n_units: usize, folds: usize, repetitions: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = Rng::new(seed);
+    (0..repetitions)
+        .map(|_| {
+            let mut perm: Vec<u32> = (0..n_units as u32).collect();
+            for i in (1..n_units).rev() {
+                let j = rng.int_range(0, i as u64) as usize;
+                perm.swap(i, j);
+            }
+            let mut fold = vec![0u32; n_units];
+            for (pos, &u) in perm.iter().enumerate() {
+                fold[u as usize] = (pos % folds) as u32;
+            }
+            fold
+        })
+        .collect()
+}
+
+struct FoldState {
+    train: Box<dyn Likelihood>,
+    test: Box<dyn Likelihood>,
+    beta: Vec<f64>,
+    label: String,
+}
+
+/// Choose the prior variance of `prior`'s family by cross-validation.
+pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> Result<CvResult> {
+    opts.check()?;
+    problem.ccd.check()?;
+    if prior == Prior::None {
+        return Err(Error::option(
+            "cv",
+            "cross-validation selects the prior variance: give `prior` laplace or normal",
+        ));
+    }
+    let started = Instant::now();
+    let by = opts.by.resolve(problem.kind);
+    let (unit_of_row, n_units) = problem.units(by);
+    if n_units < opts.folds {
+        return Err(Error::option(
+            "cv.folds",
+            format!(
+                "{} folds but only {n_units} {}",
+                opts.folds,
+                if by == Resampling::Stratum { "strata" } else { "rows" }
+            ),
+        ));
+    }
+    let assignment = assign_folds(n_units, opts.folds, opts.repetitions, opts.seed);
+    let p = problem.coefficient_ids().len();
+    let tasks: Vec<(usize, usize)> = (0..opts.repetitions)
+        .flat_map(|r| (0..opts.folds).map(move |f| (r, f)))
+        .collect();
+    let mut states: Vec<FoldState> = tasks
+        .par_iter()
+        .map(|&(r, f)| {
+            let label = format!("fold {} of repetition {}", f + 1, r + 1);
+            let fold = &assignment[r];
+            let (mut train, mut test) = (Vec::new(), Vec::new());
+            for (i, &u) in unit_of_row.iter().enumerate() {
+                if fold[u as usize] as usize == f {
+                    test.push(i as u32);
+                } else {
+                    train.push(i as u32);
+                }
+            }
+            let wrap = |e: Error| Error::FitFailed(format!("cross-validation, {label}: {e}"));
+            Ok(FoldState {
+                train: problem.likelihood_on(&train, None).map_err(wrap)?,
+                test: problem.likelihood_on(&test, None).map_err(wrap)?,
+                beta: vec![0.0; p],
+                label,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let mut fits = 0usize;
+    let mut evaluate = |v: f64, step: usize, states: &mut Vec<FoldState>| -> Result<CvPoint> {
+        let priors = problem.priors(prior.with_variance(v));
+        let lls: Vec<f64> = states
+            .par_iter_mut()
+            .map(|s| {
+                let r = ccd::fit(s.train.as_mut(), &priors, &s.beta, None, &problem.ccd)?;
+                if r.status == FitStatus::IllConditioned {
+                    return Err(Error::FitFailed(format!(
+                        "cross-validation, {}: the fit at variance {v} is ill-conditioned",
+                        s.label
+                    )));
+                }
+                s.beta = r.beta;
+                s.test.set_beta(&s.beta);
+                let ll = s.test.log_likelihood();
+                if !ll.is_finite() {
+                    return Err(Error::FitFailed(format!(
+                        "cross-validation, {}: held-out log-likelihood at variance {v} is {ll}",
+                        s.label
+                    )));
+                }
+                Ok(ll)
+            })
+            .collect::<Result<_>>()?;
+        fits += lls.len();
+        let n = lls.len() as f64;
+        let mean = lls.iter().sum::<f64>() / n;
+        let sd = if lls.len() > 1 {
+            (lls.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0)).sqrt()
+        } else {
+            0.0
+        };
+        Ok(CvPoint {
+            variance: v,
+            mean,
+            sd,
+            folds: lls,
+            step,
+        })
+    };
+    let mut curve: Vec<CvPoint> = Vec::new();
+    let (variance, stop_reason) = match &opts.search {
+        CvSearch::Grid(grid) => {
+            let mut g = grid.clone();
+            g.sort_by(f64::total_cmp);
+            g.dedup();
+            for (step, &v) in g.iter().enumerate() {
+                curve.push(evaluate(v, step, &mut states)?);
+            }
+            let best = best_point(&curve);
+            (curve[best].variance, "grid evaluated".to_string())
+        }
+        CvSearch::Auto => {
+            let mut v = opts
+                .start_variance
+                .unwrap_or_else(|| default_variance(problem.design));
+            let mut outcome = None;
+            for step in 0..opts.max_steps {
+                curve.push(evaluate(v, step, &mut states)?);
+                curve.sort_by(|a, b| a.variance.total_cmp(&b.variance));
+                match next_candidate(&curve) {
+                    Next::Try(next) => v = next,
+                    Next::Stop(selected, why) => {
+                        outcome = Some((selected, why));
+                        break;
+                    }
+                }
+            }
+            outcome.unwrap_or_else(|| {
+                let best = best_point(&curve);
+                (
+                    curve[best].variance,
+                    format!(
+                        "max_steps ({}) reached; best evaluated variance selected",
+                        opts.max_steps
+                    ),
+                )
+            })
+        }
+    };
+    curve.sort_by(|a, b| a.variance.total_cmp(&b.variance));
+    Ok(CvResult {
+        variance,
+        curve,
+        by,
+        folds: opts.folds,
+        repetitions: opts.repetitions,
+        seed: opts.seed,
+        stop_reason,
+        fits,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Index of the largest mean (the first of equal ones).
+fn best_point(curve: &[CvPoint]) -> usize {
+    let mut best = 0;
+    for (i, c) in curve.iter().enumerate() {
+        if c.mean > curve[best].mean {
+            best = i;
+        }
+    }
+    best
+}
+
+enum Next {
+    Try(f64),
+    Stop(f64, String),
+}
+
+const STEP: f64 = 10.0;
+const STOP_BY_Y: f64 = 0.01;
+
+/// Cyclops' `UniModalSearch::step` on the points so far (sorted by variance).
+fn next_candidate(curve: &[CvPoint]) -> Next {
+    let first = &curve[0];
+    let last = &curve[curve.len() - 1];
+    match curve.len() {
+        1 => Next::Try(first.variance / STEP),
+        2 => {
+            if first.mean > last.mean {
+                Next::Try(first.variance / STEP)
+            } else {
+                Next::Try(last.variance * STEP)
+            }
+        }
+        _ => {
+            let b = best_point(curve);
+            let best = &curve[b];
+            if b == 0 {
+                let next = best.variance / STEP;
+                if !(next > f64::MIN_POSITIVE) {
+                    return Next::Stop(best.variance, "variance underflow at the left end".into());
+                }
+                return Next::Try(next);
+            }
+            if b == curve.len() - 1 {
+                let next = best.variance * STEP;
+                if !next.is_finite() || next > 1e300 {
+                    return Next::Stop(best.variance, "variance overflow at the right end".into());
+                }
+                return Next::Try(next);
+            }
+            let Some((c0, c1, c2)) = quadratic_log_fit(curve) else {
+                return Next::Stop(best.variance, "quadratic fit singular; best point selected".into());
+            };
+            if !(c2 < 0.0) {
+                return Next::Stop(best.variance, "quadratic fit not concave; best point selected".into());
+            }
+            let log_argmax = -c1 / (2.0 * c2);
+            let expected = c0 - c1 * c1 / (4.0 * c2);
+            let lo = curve[0].variance.ln();
+            let hi = curve[curve.len() - 1].variance.ln();
+            let x = log_argmax.clamp(lo, hi);
+            let maxval = best.mean;
+            if maxval == 0.0 {
+                return Next::Stop(x.exp(), "held-out log-likelihood is 0".into());
+            }
+            if (expected - maxval) / maxval.abs() < STOP_BY_Y {
+                return Next::Stop(x.exp(), "predicted gain < 1%".into());
+            }
+            if (x - best.variance.ln()).abs() < 1.5f64.ln() {
+                return Next::Stop(x.exp(), "step in log variance < log 1.5".into());
+            }
+            Next::Try(x.exp())
+        }
+    }
+}
+
+/// Weighted least squares of mean ~ c0 + c1·log v + c2·(log v)², weights 1/sd (a zero sd gets
+/// 100 / the smallest positive sd, or 1 if none is positive), as Cyclops' `QuadrLogFit`.
+fn quadratic_log_fit(curve: &[CvPoint]) -> Option<(f64, f64, f64)> {
+    let min_sd = curve
+        .iter()
+        .map(|c| c.sd)
+        .filter(|&s| s > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let zero_w = if min_sd.is_finite() { 100.0 / min_sd } else { 1.0 };
+    let mut a = [[0.0f64; 3]; 3];
+    let mut rhs = [0.0f64; 3];
+    for c in curve {
+        let w = if c.sd > 0.0 { 1.0 / c.sd } else { zero_w };
+        let x = c.variance.ln();
+        let row = [1.0, x, x * x];
+        for i in 0..3 {
+            for j in 0..3 {
+                a[i][j] += w * row[i] * row[j];
+            }
+            rhs[i] += w * row[i] * c.mean;
+        }
+    }
+    solve3(a, rhs).map(|s| (s[0], s[1], s[2]))
+}
+
+/// Gaussian elimination with partial pivoting on a 3×3 system.
+fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
+    for col in 0..3 {
+        let piv = (col..3).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, piv);
+        b.swap(col, piv);
+        for r in col + 1..3 {
+            let f = a[r][col] / a[col][col];
+            for c in col..3 {
+                a[r][c] -= f * a[col][c];
+            }
+            b[r] -= f * b[col];
+        }
+    }
+    let mut x = [0.0; 3];
+    for r in (0..3).rev() {
+        let s: f64 = (r + 1..3).map(|c| a[r][c] * x[c]).sum();
+        x[r] = (b[r] - s) / a[r][r];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pt(v: f64, m: f64, s: f64) -> CvPoint {
+        CvPoint {
+            variance: v,
+            mean: m,
+            sd: s,
+            folds: vec![],
+            step: 0,
+        }
+    }
+
+    #[test]
+    fn folds_are_balanced_and_seeded() {
+        let a = assign_folds(103, 10, 2, 7);
+        let b = assign_folds(103, 10, 2, 7);
+        assert_eq!(a, b);
+        assert_ne!(a[0], a[1]);
+        for rep in &a {
+            let mut counts = [0usize; 10];
+            for &f in rep {
+                counts[f as usize] += 1;
+            }
+            assert!(counts.iter().all(|&c| c == 10 || c == 11), "{counts:?}");
+        }
+        assert_ne!(assign_folds(103, 10, 1, 8)[0], a[0]);
+    }
+
+    #[test]
+    fn quadratic_fit_recovers_a_parabola() {
+        // mean = -3 - 2 (log v - log 0.05)^2, equal sds.
+        let c = [0.001, 0.01, 0.1, 1.0]
+            .iter()
+            .map(|&v: &f64| pt(v, -3.0 - 2.0 * (v.ln() - 0.05f64.ln()).powi(2), 1.0))
+            .collect::<Vec<_>>();
+        let (c0, c1, c2) = quadratic_log_fit(&c).unwrap();
+        let argmax = (-c1 / (2.0 * c2)).exp();
+        assert!((argmax - 0.05).abs() < 1e-9, "{argmax}");
+        assert!((c0 - c1 * c1 / (4.0 * c2) + 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn search_brackets_then_stops() {
+        // Best at the left end: step left.
+        let c = vec![pt(0.01, -5.0, 1.0), pt(0.1, -6.0, 1.0), pt(1.0, -7.0, 1.0)];
+        match next_candidate(&c) {
+            Next::Try(v) => assert!((v - 0.001).abs() < 1e-15),
+            Next::Stop(..) => panic!("should step left"),
+        }
+        // Two points, the larger variance better: go right.
+        let c = vec![pt(0.1, -6.0, 1.0), pt(1.0, -5.0, 1.0)];
+        match next_candidate(&c) {
+            Next::Try(v) => assert!((v - 10.0).abs() < 1e-12),
+            Next::Stop(..) => panic!("should step right"),
+        }
+        // Bracketed and flat near the top: stop at the quadratic maximum.
+        let f = |v: f64| -100.0 - 0.1 * (v.ln() - 0.3f64.ln()).powi(2);
+        let c = vec![pt(0.01, f(0.01), 1.0), pt(0.1, f(0.1), 1.0), pt(1.0, f(1.0), 1.0)];
+        match next_candidate(&c) {
+            Next::Stop(v, _) => assert!((v - 0.3).abs() < 1e-9, "{v}"),
+            Next::Try(v) => panic!("should stop, got {v}"),
+        }
+    }
+
+    #[test]
+    fn stream_seeds_differ() {
+        assert_ne!(stream_seed(1, 0), stream_seed(1, 1));
+        assert_ne!(stream_seed(1, 0), stream_seed(2, 0));
+        assert_eq!(stream_seed(5, 9), stream_seed(5, 9));
+    }
+}
