@@ -44,10 +44,10 @@ use std::time::Instant;
 
 use crate::backend::Device;
 use crate::error::{Error, Result};
-use crate::model::ccd::{self, CcdOptions, FitStatus};
-use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
+use crate::model::ccd::{self, CcdOptions, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
+use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
 use crate::model::prior::{Prior, PriorSet};
 use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
@@ -317,7 +317,15 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        let mut r = finish(lik.as_mut(), &shape, opts, prior, started, device, device_note)?;
+        let mut r = finish(
+            lik.as_mut(),
+            &shape,
+            opts,
+            prior,
+            started,
+            device,
+            device_note,
+        )?;
         r.cv = cv;
         drop(lik);
         bootstrap_into(&mut r, &problem, opts)?;
@@ -348,7 +356,15 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             design,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        finish(lik.as_mut(), &shape, opts, opts.prior, started, device, device_note)
+        finish(
+            lik.as_mut(),
+            &shape,
+            opts,
+            opts.prior,
+            started,
+            device,
+            device_note,
+        )
     })
 }
 
@@ -533,7 +549,9 @@ fn fit_shape(
         let objective = r.log_likelihood + r.log_prior;
         let mut targets = Vec::with_capacity(js.len());
         for &j in &js {
-            targets.push(profile_target(lik, priors, &r.beta, objective, j, se[j], opts)?);
+            targets.push(profile_target(
+                lik, priors, &r.beta, objective, j, se[j], opts,
+            )?);
         }
         if !targets.is_empty() {
             let intervals =
@@ -545,7 +563,10 @@ fn fit_shape(
         }
         if let Some(grid) = &opts.profile.grid {
             for &j in &chosen {
-                let t = targets.iter().find(|t| t.j == j).expect("chosen are targets");
+                let t = targets
+                    .iter()
+                    .find(|t| t.j == j)
+                    .expect("chosen are targets");
                 profiles.push(Profile {
                     covariate_id: x.labels[j].id,
                     points: inference::profile_grid(&*lik, t, grid, &opts.ccd)?,

@@ -13,8 +13,8 @@ use epifusion::engine::convert::{self, ReadOptions};
 use epifusion::engine::options::ResultTable;
 use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult, ProfileOptions};
 use epifusion::model::bootstrap::BootstrapOptions;
-use epifusion::model::cv::{CvOptions, CvSearch, Resampling};
 use epifusion::model::ccd::Convergence;
+use epifusion::model::cv::{CvOptions, CvSearch, Resampling};
 use epifusion::model::design::DesignMatrix;
 use epifusion::model::prior::Prior;
 use epifusion::model::{ModelKind, Ties};
@@ -347,7 +347,11 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     };
     let prior = if a.cv && a.variance.is_none() && a.lambda.is_none() {
         // The variance is chosen by cross-validation; 1 is a placeholder.
-        let family = if a.prior.is_none() { "laplace" } else { family.as_str() };
+        let family = if a.prior.is_none() {
+            "laplace"
+        } else {
+            family.as_str()
+        };
         Prior::from_parts(family, Some(1.0), None)?
     } else {
         Prior::from_parts(&family, a.variance, a.lambda)?
@@ -397,9 +401,14 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     opts.threads = a.threads;
     opts.device = a.device;
     opts.check()?;
-    for out in [&a.output, &a.cv_output, &a.profile_output, &a.bootstrap_output]
-        .into_iter()
-        .flatten()
+    for out in [
+        &a.output,
+        &a.cv_output,
+        &a.profile_output,
+        &a.bootstrap_output,
+    ]
+    .into_iter()
+    .flatten()
     {
         check_output_extension(out)?;
     }
@@ -680,7 +689,9 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
             let t = Instant::now();
             let p = epifusion::fit::fit(design, &o)?;
             let secs = t.elapsed().as_secs_f64();
-            let c = p.coefficient(id).context("--profile-covariate: no such covariate id")?;
+            let c = p
+                .coefficient(id)
+                .context("--profile-covariate: no such covariate id")?;
             out["profile_covariate"] = id.into();
             out["profile_fit_seconds"] = plain_s.into();
             out["profile_total_seconds"] = secs.into();
@@ -749,9 +760,35 @@ fn print_bench_text(v: &serde_json::Value) {
     line("non-zero", num("nonzero").map(|x| format!("{x}")));
     line("status", f("status").as_str().map(String::from));
     line("device", f("device").as_str().map(String::from));
-    line("CV", num("cv_seconds").map(|s| format!("{s:.3} s ({:.1}× the fit)", num("cv_over_fit").unwrap_or(0.0))));
-    line("CV variance", num("cv_variance").map(|x| format!("{x:.6e} ({} candidates, {} fits)", num("cv_candidates").unwrap_or(0.0), num("cv_fits").unwrap_or(0.0))));
-    line("profile CI", num("profile_seconds").map(|s| format!("{s:.3} s (fit {:.3} s), interval {}", num("profile_fit_seconds").unwrap_or(0.0), f("profile_ci"))));
+    line(
+        "CV",
+        num("cv_seconds").map(|s| {
+            format!(
+                "{s:.3} s ({:.1}× the fit)",
+                num("cv_over_fit").unwrap_or(0.0)
+            )
+        }),
+    );
+    line(
+        "CV variance",
+        num("cv_variance").map(|x| {
+            format!(
+                "{x:.6e} ({} candidates, {} fits)",
+                num("cv_candidates").unwrap_or(0.0),
+                num("cv_fits").unwrap_or(0.0)
+            )
+        }),
+    );
+    line(
+        "profile CI",
+        num("profile_seconds").map(|s| {
+            format!(
+                "{s:.3} s (fit {:.3} s), interval {}",
+                num("profile_fit_seconds").unwrap_or(0.0),
+                f("profile_ci")
+            )
+        }),
+    );
     line("peak RSS", mib(&f("peak_rss_bytes")));
     line(
         "peak RSS / CSC",

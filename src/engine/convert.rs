@@ -938,7 +938,9 @@ pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
                 f64s(rows.iter().map(|x| x.v).collect()),
                 Arc::new(Float64Array::from_iter(rows.iter().map(|x| x.mean))),
                 Arc::new(Float64Array::from_iter(rows.iter().map(|x| x.sd))),
-                Arc::new(BooleanArray::from_iter(rows.iter().map(|x| Some(x.evaluated)))),
+                Arc::new(BooleanArray::from_iter(
+                    rows.iter().map(|x| Some(x.evaluated)),
+                )),
                 Arc::new(BooleanArray::from_iter(
                     rows.iter().map(|x| Some(x.v == cv.variance)),
                 )),
@@ -989,7 +991,9 @@ pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
             let s = &b.coefficients;
             vec![
                 ids(c),
-                Arc::new(StringArray::from_iter_values(c.iter().map(|c| c.name.clone()))),
+                Arc::new(StringArray::from_iter_values(
+                    c.iter().map(|c| c.name.clone()),
+                )),
                 f64s(c.iter().map(|c| c.estimate).collect()),
                 f64s(s.iter().map(|x| x.mean).collect()),
                 f64s(s.iter().map(|x| x.bias).collect()),
@@ -1083,13 +1087,15 @@ pub fn write_batch(batch: &RecordBatch, path: &Path) -> Result<()> {
     };
     let tmp = path.with_file_name(format!(
         ".{}.partial",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("output")
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("output")
     ));
     let file = File::create(&tmp).map_err(io)?;
     let written = match ext.as_str() {
         "json" => (|| {
-            let rows =
-                crate::engine::shell::batch_to_json(batch).map_err(|e| format_err(&file_name, e))?;
+            let rows = crate::engine::shell::batch_to_json(batch)
+                .map_err(|e| format_err(&file_name, e))?;
             let mut w = std::io::BufWriter::new(file);
             serde_json::to_writer_pretty(&mut w, &rows).map_err(|e| format_err(&file_name, e))?;
             std::io::Write::flush(&mut w).map_err(|e| format_err(&file_name, e))

@@ -227,11 +227,7 @@ pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
 }
 
 /// `true`/`false`/`null` or an object with only `keys`; returns the object (empty for `true`).
-fn sub_object<'a>(
-    value: &'a Value,
-    name: &str,
-    keys: &[&str],
-) -> Result<Option<Map<String, Value>>> {
+fn sub_object(value: &Value, name: &str, keys: &[&str]) -> Result<Option<Map<String, Value>>> {
     match value {
         Value::Null | Value::Bool(false) => Ok(None),
         Value::Bool(true) => Ok(Some(Map::new())),
@@ -239,7 +235,7 @@ fn sub_object<'a>(
             for k in m.keys() {
                 if !keys.contains(&k.as_str()) {
                     return Err(Error::option(
-                        &format!("{name}.{k}"),
+                        format!("{name}.{k}"),
                         format!("unknown option; expected one of {}", keys.join(", ")),
                     ));
                 }
@@ -314,7 +310,10 @@ fn parse_cv(value: &Value) -> Result<Option<CvOptions>> {
                 .collect();
             for k in g.keys() {
                 if !["cv.grid.lower", "cv.grid.upper", "cv.grid.steps"].contains(&k.as_str()) {
-                    return Err(Error::option(k, "unknown option; expected lower, upper, steps"));
+                    return Err(Error::option(
+                        k,
+                        "unknown option; expected lower, upper, steps",
+                    ));
                 }
             }
             let lower = get_f64(&g, "cv.grid.lower")?.unwrap_or(0.01);

@@ -160,17 +160,30 @@ pub fn bootstrap(
     if n_units < 2 {
         return Err(Error::option(
             "bootstrap",
-            format!("needs at least 2 {}", if by == Resampling::Stratum { "strata" } else { "rows" }),
+            format!(
+                "needs at least 2 {}",
+                if by == Resampling::Stratum {
+                    "strata"
+                } else {
+                    "rows"
+                }
+            ),
         ));
     }
     let priors = problem.priors(prior);
     let results: Vec<Option<Vec<f64>>> = (0..opts.replicates)
         .into_par_iter()
         .map(|b| {
-            let (rows, strata) = draw(&unit_of_row, n_units, by == Resampling::Stratum, opts.seed, b);
-            let mut lik = problem.likelihood_on(&rows, strata.as_deref()).map_err(|e| {
-                Error::FitFailed(format!("bootstrap replicate {}: {e}", b + 1))
-            })?;
+            let (rows, strata) = draw(
+                &unit_of_row,
+                n_units,
+                by == Resampling::Stratum,
+                opts.seed,
+                b,
+            );
+            let mut lik = problem
+                .likelihood_on(&rows, strata.as_deref())
+                .map_err(|e| Error::FitFailed(format!("bootstrap replicate {}: {e}", b + 1)))?;
             let r = ccd::fit(lik.as_mut(), &priors, beta_hat, None, &problem.ccd)?;
             Ok((r.status != FitStatus::IllConditioned).then_some(r.beta))
         })

@@ -261,7 +261,11 @@ impl Problem<'_> {
     }
 
     /// The likelihood of the rows `rows` (see [`DesignMatrix::subset_rows`]).
-    pub fn likelihood_on(&self, rows: &[u32], strata: Option<&[u32]>) -> Result<Box<dyn Likelihood>> {
+    pub fn likelihood_on(
+        &self,
+        rows: &[u32],
+        strata: Option<&[u32]>,
+    ) -> Result<Box<dyn Likelihood>> {
         let mut sub = self.design.subset_rows(rows, strata);
         if self.kind.has_intercept() && !sub.has_intercept() {
             sub = sub.with_intercept();
@@ -349,7 +353,11 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
             format!(
                 "{} folds but only {n_units} {}",
                 opts.folds,
-                if by == Resampling::Stratum { "strata" } else { "rows" }
+                if by == Resampling::Stratum {
+                    "strata"
+                } else {
+                    "rows"
+                }
             ),
         ));
     }
@@ -512,7 +520,7 @@ fn next_candidate(curve: &[CvPoint]) -> Next {
             let best = &curve[b];
             if b == 0 {
                 let next = best.variance / STEP;
-                if !(next > f64::MIN_POSITIVE) {
+                if next.is_nan() || next <= f64::MIN_POSITIVE {
                     return Next::Stop(best.variance, "variance underflow at the left end".into());
                 }
                 return Next::Try(next);
@@ -525,10 +533,16 @@ fn next_candidate(curve: &[CvPoint]) -> Next {
                 return Next::Try(next);
             }
             let Some((c0, c1, c2)) = quadratic_log_fit(curve) else {
-                return Next::Stop(best.variance, "quadratic fit singular; best point selected".into());
+                return Next::Stop(
+                    best.variance,
+                    "quadratic fit singular; best point selected".into(),
+                );
             };
-            if !(c2 < 0.0) {
-                return Next::Stop(best.variance, "quadratic fit not concave; best point selected".into());
+            if c2.is_nan() || c2 >= 0.0 {
+                return Next::Stop(
+                    best.variance,
+                    "quadratic fit not concave; best point selected".into(),
+                );
             }
             let log_argmax = -c1 / (2.0 * c2);
             let expected = c0 - c1 * c1 / (4.0 * c2);
@@ -558,7 +572,11 @@ fn quadratic_log_fit(curve: &[CvPoint]) -> Option<(f64, f64, f64)> {
         .map(|c| c.sd)
         .filter(|&s| s > 0.0)
         .fold(f64::INFINITY, f64::min);
-    let zero_w = if min_sd.is_finite() { 100.0 / min_sd } else { 1.0 };
+    let zero_w = if min_sd.is_finite() {
+        100.0 / min_sd
+    } else {
+        1.0
+    };
     let mut a = [[0.0f64; 3]; 3];
     let mut rhs = [0.0f64; 3];
     for c in curve {
@@ -586,8 +604,9 @@ fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
         b.swap(col, piv);
         for r in col + 1..3 {
             let f = a[r][col] / a[col][col];
-            for c in col..3 {
-                a[r][c] -= f * a[col][c];
+            let pivot_row = a[col];
+            for (x, p) in a[r].iter_mut().zip(pivot_row).skip(col) {
+                *x -= f * p;
             }
             b[r] -= f * b[col];
         }
@@ -659,7 +678,11 @@ mod tests {
         }
         // Bracketed and flat near the top: stop at the quadratic maximum.
         let f = |v: f64| -100.0 - 0.1 * (v.ln() - 0.3f64.ln()).powi(2);
-        let c = vec![pt(0.01, f(0.01), 1.0), pt(0.1, f(0.1), 1.0), pt(1.0, f(1.0), 1.0)];
+        let c = vec![
+            pt(0.01, f(0.01), 1.0),
+            pt(0.1, f(0.1), 1.0),
+            pt(1.0, f(1.0), 1.0),
+        ];
         match next_candidate(&c) {
             Next::Stop(v, _) => assert!((v - 0.3).abs() < 1e-9, "{v}"),
             Next::Try(v) => panic!("should stop, got {v}"),

@@ -180,3 +180,88 @@ fn fit_lung_wide_form() {
     assert!((sex + 0.513).abs() < 0.01, "{sex}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cv_bootstrap_and_profiles_from_the_command_line() {
+    let dir = temp_dir("selection");
+    let out = |n: &str| dir.join(n).display().to_string();
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        "tests/data/survival_rossi.csv",
+        "--time",
+        "week",
+        "--y",
+        "arrest",
+        "--covariates-columns",
+        "fin,age,race,wexp,mar,paro,prio",
+        "--prior",
+        "normal",
+        "--cv",
+        "--folds",
+        "4",
+        "--exclude",
+        "fin",
+        "--bootstrap",
+        "20",
+        "--profile",
+        "1",
+        "--profile-grid",
+        "--cv-output",
+        &out("cv.csv"),
+        "--bootstrap-output",
+        &out("boot.json"),
+        "--profile-output",
+        &out("profile.csv"),
+        "--output",
+        &out("fit.csv"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("cross-validation: variance") && e.contains("bootstrap: 20 replicates"),
+        "{e}"
+    );
+    let cv = std::fs::read_to_string(dir.join("cv.csv")).unwrap();
+    let header: Vec<&str> = cv.lines().next().unwrap().split(',').collect();
+    let sel = header.iter().position(|h| *h == "selected").unwrap();
+    let selected = cv
+        .lines()
+        .skip(1)
+        .filter(|l| l.split(',').nth(sel) == Some("true"))
+        .count();
+    assert_eq!(selected, 1, "{cv}");
+    let boot: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("boot.json")).unwrap()).unwrap();
+    assert_eq!(boot.as_array().unwrap().len(), 7);
+    assert_eq!(boot[0]["covariate"], "fin");
+    assert_eq!(boot[0]["replicates"], 20);
+    let profile = std::fs::read_to_string(dir.join("profile.csv")).unwrap();
+    assert_eq!(
+        profile.lines().count(),
+        1 + 1000 + 1,
+        "header, grid, estimate"
+    );
+    // The fitted prior variance is the selected one.
+    let fit = std::fs::read_to_string(dir.join("fit.csv")).unwrap();
+    assert!(fit.lines().next().unwrap().ends_with("prior_variance"));
+    // Mistakes are named.
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        LUNG,
+        "--y",
+        "status",
+        "--event-value",
+        "2",
+        "--cv-grid",
+        "0.1",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--cv"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

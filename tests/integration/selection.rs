@@ -41,7 +41,10 @@ fn rebuild(x: &DesignMatrix, keep: impl Fn(usize) -> bool) -> DesignMatrix {
         if keep(i) {
             b.push_outcome(OutcomeRecord {
                 row_id: x.rows.row_id[i],
-                stratum_id: x.rows.has_strata.then(|| x.rows.stratum_ids[x.rows.stratum[i] as usize]),
+                stratum_id: x
+                    .rows
+                    .has_strata
+                    .then(|| x.rows.stratum_ids[x.rows.stratum[i] as usize]),
                 time: Some(x.rows.time[i]),
                 y: x.rows.y[i],
                 ..Default::default()
@@ -81,7 +84,14 @@ fn held_out_by_hand(
         .iter()
         .map(|c| r.coefficient(c.id).map_or(0.0, |k| k.estimate))
         .collect();
-    let mut lik = cpu_likelihood(model, &test, LikelihoodOptions { ties: Ties::Breslow }).unwrap();
+    let mut lik = cpu_likelihood(
+        model,
+        &test,
+        LikelihoodOptions {
+            ties: Ties::Breslow,
+        },
+    )
+    .unwrap();
     lik.set_beta(&beta);
     lik.log_likelihood()
 }
@@ -145,7 +155,11 @@ fn cv_is_bit_identical_whatever_the_thread_count() {
             .map(|&t| fit(&x, &laplace_cv(model, cv.clone(), t)).unwrap())
             .collect();
         let c0 = runs[0].cv.as_ref().unwrap();
-        assert!(c0.curve.len() >= 3, "the auto search brackets: {:?}", c0.curve);
+        assert!(
+            c0.curve.len() >= 3,
+            "the auto search brackets: {:?}",
+            c0.curve
+        );
         for r in &runs[1..] {
             let c = r.cv.as_ref().unwrap();
             assert_eq!(c.variance.to_bits(), c0.variance.to_bits(), "{model:?}");
@@ -162,7 +176,11 @@ fn cv_is_bit_identical_whatever_the_thread_count() {
         }
         // The final fit uses the selected variance.
         let v = runs[0].prior.variance();
-        assert!((v - c0.variance).abs() <= 1e-12 * v, "{v} vs {}", c0.variance);
+        assert!(
+            (v - c0.variance).abs() <= 1e-12 * v,
+            "{v} vs {}",
+            c0.variance
+        );
         // Another seed gives other folds.
         let mut other = cv.clone();
         other.seed = 43;
@@ -177,9 +195,23 @@ fn cv_auto_search_selects_near_the_best_grid_value() {
     // over the same folds must not find a held-out likelihood clearly better than the value
     // at the auto selection.
     let x = cox_design(800, 30, 21);
-    let auto = fit(&x, &laplace_cv(ModelKind::Cox, CvOptions { folds: 5, seed: 3, ..Default::default() }, 2)).unwrap();
+    let auto = fit(
+        &x,
+        &laplace_cv(
+            ModelKind::Cox,
+            CvOptions {
+                folds: 5,
+                seed: 3,
+                ..Default::default()
+            },
+            2,
+        ),
+    )
+    .unwrap();
     let v_auto = auto.cv.as_ref().unwrap().variance;
-    let grid: Vec<f64> = (0..25).map(|i| v_auto * 10f64.powf(-1.5 + i as f64 / 8.0)).collect();
+    let grid: Vec<f64> = (0..25)
+        .map(|i| v_auto * 10f64.powf(-1.5 + i as f64 / 8.0))
+        .collect();
     let g = fit(
         &x,
         &laplace_cv(
@@ -196,10 +228,18 @@ fn cv_auto_search_selects_near_the_best_grid_value() {
     .unwrap();
     let curve = &g.cv.as_ref().unwrap().curve;
     assert_eq!(curve.len(), grid.len());
-    let best = curve.iter().map(|p| p.mean).fold(f64::NEG_INFINITY, f64::max);
+    let best = curve
+        .iter()
+        .map(|p| p.mean)
+        .fold(f64::NEG_INFINITY, f64::max);
     let at_auto = curve
         .iter()
-        .min_by(|a, b| (a.variance / v_auto).ln().abs().total_cmp(&(b.variance / v_auto).ln().abs()))
+        .min_by(|a, b| {
+            (a.variance / v_auto)
+                .ln()
+                .abs()
+                .total_cmp(&(b.variance / v_auto).ln().abs())
+        })
         .unwrap()
         .mean;
     assert!(
@@ -218,7 +258,14 @@ fn cv_option_errors() {
     o.cv = Some(CvOptions::default());
     let e = fit(&x, &o).unwrap_err().to_string();
     assert!(e.contains("cv") && e.contains("laplace"), "{e}");
-    let mut o = laplace_cv(ModelKind::Cox, CvOptions { folds: 1, ..Default::default() }, 1);
+    let mut o = laplace_cv(
+        ModelKind::Cox,
+        CvOptions {
+            folds: 1,
+            ..Default::default()
+        },
+        1,
+    );
     let e = fit(&x, &o).unwrap_err().to_string();
     assert!(e.contains("cv.folds"), "{e}");
     o.cv = Some(CvOptions {
@@ -266,7 +313,10 @@ fn bootstrap_is_reproducible_and_close_to_the_model_se() {
     let r1 = fit(&x, &o).unwrap();
     o.threads = Some(2);
     let r2 = fit(&x, &o).unwrap();
-    let (b1, b2) = (r1.bootstrap.as_ref().unwrap(), r2.bootstrap.as_ref().unwrap());
+    let (b1, b2) = (
+        r1.bootstrap.as_ref().unwrap(),
+        r2.bootstrap.as_ref().unwrap(),
+    );
     assert!(
         b1.estimates == b2.estimates && b1.coefficients == b2.coefficients,
         "same seed, other thread count"
@@ -276,7 +326,12 @@ fn bootstrap_is_reproducible_and_close_to_the_model_se() {
     for (c, s) in r1.coefficients.iter().zip(&b1.coefficients) {
         let se = c.std_error.unwrap();
         let ratio = s.std_error / se;
-        assert!((0.75..1.33).contains(&ratio), "{}: bootstrap se {} vs model se {se}", c.name, s.std_error);
+        assert!(
+            (0.75..1.33).contains(&ratio),
+            "{}: bootstrap se {} vs model se {se}",
+            c.name,
+            s.std_error
+        );
         assert!(s.lower < c.estimate && c.estimate < s.upper, "{}", c.name);
         assert_eq!(s.nonzero, 1.0, "unpenalized");
         assert!(s.bias.abs() < 0.5 * se, "{}: bias {}", c.name, s.bias);
@@ -311,15 +366,27 @@ fn bootstrap_replicate_by_stratum_keeps_cases_whole() {
     let r = fit(&x, &o).unwrap();
     let b = r.bootstrap.unwrap();
     assert_eq!(b.by, Resampling::Stratum);
-    assert!(b.coefficients.iter().all(|c| (0.0..=1.0).contains(&c.nonzero)));
-    assert!(b.coefficients.iter().any(|c| c.nonzero > 0.0 && c.nonzero < 1.0));
+    assert!(b
+        .coefficients
+        .iter()
+        .all(|c| (0.0..=1.0).contains(&c.nonzero)));
+    assert!(b
+        .coefficients
+        .iter()
+        .any(|c| c.nonzero > 0.0 && c.nonzero < 1.0));
     for (k, e) in b.estimates.iter().enumerate().take(3) {
         assert_eq!(e.len(), r.coefficients.len(), "replicate {k}");
     }
 }
 
 /// The profile at β_j = b, computed independently: drop column j and put b·x_j in the offset.
-fn profile_by_offset(x: &DesignMatrix, model: ModelKind, priors: &PriorSet, j: usize, b: f64) -> (f64, f64) {
+fn profile_by_offset(
+    x: &DesignMatrix,
+    model: ModelKind,
+    priors: &PriorSet,
+    j: usize,
+    b: f64,
+) -> (f64, f64) {
     let mut reduced = x.clone();
     let col = reduced.columns.remove(j);
     let mut offset = vec![0.0; x.n_rows()];
@@ -366,7 +433,13 @@ fn profiles_match_refits_with_an_offset() {
     for p in prof.points.iter().filter(|p| !p.is_estimate) {
         let (obj_rest, ll) = profile_by_offset(&x, ModelKind::Cox, &priors, j, p.value);
         let own = prior.penalty(p.value);
-        assert!((p.objective - (obj_rest - own)).abs() < 1e-6, "{} {} {}", p.value, p.objective, obj_rest - own);
+        assert!(
+            (p.objective - (obj_rest - own)).abs() < 1e-6,
+            "{} {} {}",
+            p.value,
+            p.objective,
+            obj_rest - own
+        );
         assert!((p.log_likelihood - ll).abs() < 1e-6);
         assert!(p.objective <= est.objective + 1e-9);
     }
@@ -376,7 +449,10 @@ fn profiles_match_refits_with_an_offset() {
     for bound in [c.ci_lower.unwrap(), c.ci_upper.unwrap()] {
         let (obj_rest, _) = profile_by_offset(&x, ModelKind::Cox, &priors, j, bound);
         let drop = r.objective() - (obj_rest - prior.penalty(bound));
-        assert!((drop - 1.920729410347062).abs() < 1e-5, "bound {bound}: drop {drop}");
+        assert!(
+            (drop - 1.920729410347062).abs() < 1e-5,
+            "bound {bound}: drop {drop}"
+        );
     }
     // Without its own penalty the interval is centred on the maximizer of LL + the others'
     // log prior: the ends sit 1.920729 below that maximum.
@@ -394,7 +470,10 @@ fn profiles_match_refits_with_an_offset() {
     let top = fit(&x, &reduced_opts).unwrap().objective();
     for bound in [c2.ci_lower.unwrap(), c2.ci_upper.unwrap()] {
         let (obj_rest, _) = profile_by_offset(&x, ModelKind::Cox, &priors, j, bound);
-        assert!((top - obj_rest - 1.920729410347062).abs() < 1e-5, "bound {bound}");
+        assert!(
+            (top - obj_rest - 1.920729410347062).abs() < 1e-5,
+            "bound {bound}"
+        );
     }
     assert!(c2.ci_lower.unwrap() != c.ci_lower.unwrap());
 }
