@@ -252,6 +252,9 @@ struct BenchArgs {
     /// (the others keep the Laplace prior), against the single fit.
     #[arg(long)]
     profile_covariate: Option<i64>,
+    /// Visit every coordinate in every cycle (no active-set cycles between full cycles).
+    #[arg(long)]
+    no_active_set: bool,
 }
 
 /// glibc gives each thread its own malloc arena, so the memory the main thread frees while a
@@ -627,6 +630,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.ties = a.ties;
         opts.ccd.tolerance = a.tolerance;
         opts.ccd.convergence = a.convergence;
+        opts.ccd.active_set = !a.no_active_set;
         opts.ci = CiMethod::None;
         opts.threads = Some(a.threads);
         opts.device = a.device;
