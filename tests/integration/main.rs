@@ -8,3 +8,4 @@ mod golden_sccs;
 mod golden_support;
 mod oracle;
 mod sql;
+mod study;
