@@ -58,9 +58,10 @@ mod tests {
 
     #[tokio::test]
     async fn persistence_window_joins_gaps_up_to_30_days() {
-        // Gap of exactly 30 days (end 10, next start 41) joins; 31 days (end 50, start 82) splits.
+        // Start 30 days after the latest end (end 10, next start 40) joins; 31 days (end 50,
+        // start 81) starts a new era (DESIGN.md §2: "≥ 31 days pass since the previous end").
         let got = eras(
-            "(1, 7, 1, 10), (1, 7, 41, 50), (1, 7, 82, 90), (1, 8, 5, 6), (2, 7, 1, 100), (2, 7, 20, 30)",
+            "(1, 7, 1, 10), (1, 7, 40, 50), (1, 7, 81, 90), (1, 8, 5, 6), (2, 7, 1, 100), (2, 7, 20, 30)",
             30,
         )
         .await;
@@ -68,7 +69,7 @@ mod tests {
             got,
             vec![
                 (1, 7, 1, 50),
-                (1, 7, 82, 90),
+                (1, 7, 81, 90),
                 (1, 8, 5, 6),
                 (2, 7, 1, 100)
             ]

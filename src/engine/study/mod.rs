@@ -378,10 +378,16 @@ impl Drop for TempTable {
 }
 
 /// Fill `{name}` placeholders of a SQL template; every placeholder of the template must be
-/// given (values are inserted once, so a value may itself contain braces).
+/// given (values are inserted once, so a value may itself contain braces). Whole-line `--`
+/// comments of the template are dropped first (they mention the placeholders).
 pub fn fill(template: &str, values: &[(&str, String)]) -> DfResult<String> {
+    let template: String = template
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut out = String::with_capacity(template.len() * 2);
-    let mut rest = template;
+    let mut rest = template.as_str();
     while let Some(pos) = rest.find('{') {
         out.push_str(&rest[..pos]);
         let after = &rest[pos + 1..];
