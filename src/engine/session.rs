@@ -51,10 +51,7 @@ pub fn register_all(ctx: &SessionContext) {
         Arc::new(crate::engine::docs::FunctionsTable),
     );
     for &(name, design, part) in STUDY_FUNCTIONS {
-        ctx.register_udtf(
-            name,
-            Arc::new(StudyTableFunction::new(name, design, part)),
-        );
+        ctx.register_udtf(name, Arc::new(StudyTableFunction::new(name, design, part)));
     }
     for &(name, model) in FIT_AGGREGATES {
         ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(

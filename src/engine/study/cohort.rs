@@ -315,7 +315,10 @@ impl CohortDesign {
                     "risk_start",
                     Self::anchor(self.start_anchor, self.risk_window_start),
                 ),
-                ("risk_end", Self::anchor(self.end_anchor, self.risk_window_end)),
+                (
+                    "risk_end",
+                    Self::anchor(self.end_anchor, self.risk_window_end),
+                ),
                 ("censor_new_window", tf(self.censor_at_new_risk_window)),
                 ("min_days", self.min_days_at_risk.to_string()),
             ],
@@ -446,11 +449,7 @@ fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
             c("risk_start")?,
             c("risk_end")?,
         );
-        let (status, time, dropped) = (
-            c("status")?,
-            c("days_at_risk_or_event")?,
-            c("dropped_at")?,
-        );
+        let (status, time, dropped) = (c("status")?, c("days_at_risk_or_event")?, c("dropped_at")?);
         for i in 0..b.num_rows() {
             let opt = |a: &Int64Array| (!a.is_null(i)).then(|| a.value(i));
             let p = person.value(i);
@@ -478,7 +477,11 @@ fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
 
 fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
     let steps: [(i64, String, bool); 7] = [
-        (1, "exposed and starting in an observation period".into(), true),
+        (
+            1,
+            "exposed and starting in an observation period".into(),
+            true,
+        ),
         (2, "first exposure only".into(), d.first_exposure_only),
         (
             3,
@@ -537,7 +540,9 @@ fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
         attrition_schema(),
         vec![
             Arc::new(Int64Array::from_iter_values(1..=rows.len() as i64)),
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.as_str()))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.0.as_str()),
+            )),
             col(0),
             col(1),
             col(2),
@@ -593,13 +598,25 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
         )));
     }
     cols.extend([
-        Arc::new(Float64Array::from_iter_values(kept.iter().map(|e| e.time as f64))) as ArrayRef,
+        Arc::new(Float64Array::from_iter_values(
+            kept.iter().map(|e| e.time as f64),
+        )) as ArrayRef,
         Arc::new(Float64Array::from_iter_values(kept.iter().map(|e| y(e)))),
-        Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.person_id))),
-        Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.treatment))),
-        Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.start_day))),
-        Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.risk_start))),
-        Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.risk_end))),
+        Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|e| e.person_id),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|e| e.treatment),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|e| e.start_day),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|e| e.risk_start),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|e| e.risk_end),
+        )),
         Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.status))),
     ]);
     let outcomes = RecordBatch::try_new(outcome_schema(stratified), cols)?;
@@ -616,8 +633,12 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
         population_schema.clone(),
         vec![
             Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.row_id))),
-            Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.person_id))),
-            Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.start_day))),
+            Arc::new(Int64Array::from_iter_values(
+                kept.iter().map(|e| e.person_id),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                kept.iter().map(|e| e.start_day),
+            )),
             Arc::new(Int64Array::from_iter(kept.iter().map(|e| e.birth_day))),
             Arc::new(Int64Array::from_iter(kept.iter().map(|e| e.gender))),
         ],
@@ -635,7 +656,12 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
             Arc::new(Float64Array::from(vec![1.0; treated.len()])),
         ],
     )?];
-    let temp = TempTable::register(ctx, "cohort_population", population_schema, vec![population])?;
+    let temp = TempTable::register(
+        ctx,
+        "cohort_population",
+        population_schema,
+        vec![population],
+    )?;
     let baseline = query(ctx, &d.covariates_sql(ctx, &temp.name)?).await?;
     drop(temp);
     let mut refs: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
@@ -647,8 +673,10 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
             i64_column(b, "concept_id")?,
         );
         for i in 0..b.num_rows() {
-            refs.entry(cov.value(i))
-                .or_insert((analysis.value(i), (!concept.is_null(i)).then(|| concept.value(i))));
+            refs.entry(cov.value(i)).or_insert((
+                analysis.value(i),
+                (!concept.is_null(i)).then(|| concept.value(i)),
+            ));
         }
         covariates.push(RecordBatch::try_new(
             covariate_schema(),
@@ -677,9 +705,15 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
                 "age group",
                 format!("age group: {}-{}", (id / 1000) * 5, (id / 1000) * 5 + 4),
             ),
-            102 => ("condition occurrence long term", format!("condition: {concept_name}")),
+            102 => (
+                "condition occurrence long term",
+                format!("condition: {concept_name}"),
+            ),
             302 => ("drug exposure long term", format!("drug: {concept_name}")),
-            _ => ("procedure occurrence long term", format!("procedure: {concept_name}")),
+            _ => (
+                "procedure occurrence long term",
+                format!("procedure: {concept_name}"),
+            ),
         };
         covariate_ref.push(CovariateRef {
             covariate_id: id,
@@ -752,7 +786,10 @@ mod tests {
         bad(r#", "washout_days": -3"#, "washout_days");
         bad(r#", "washout_days": "x""#, "washout_days");
         bad(r#", "model": "fine_gray""#, "competing");
-        bad(r#", "remove_duplicate_subjects": "some""#, "remove_duplicate_subjects");
+        bad(
+            r#", "remove_duplicate_subjects": "some""#,
+            "remove_duplicate_subjects",
+        );
         bad(r#", "covariates": {"lookback": 3}"#, "lookback");
         let ok = CohortDesign::from_json(&format!("{{{base}}}")).unwrap();
         ok.check().unwrap();

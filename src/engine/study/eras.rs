@@ -67,15 +67,14 @@ mod tests {
         .await;
         assert_eq!(
             got,
-            vec![
-                (1, 7, 1, 50),
-                (1, 7, 81, 90),
-                (1, 8, 5, 6),
-                (2, 7, 1, 100)
-            ]
+            vec![(1, 7, 1, 50), (1, 7, 81, 90), (1, 8, 5, 6), (2, 7, 1, 100)]
         );
         // Without persistence only overlapping exposures join (a nested one never starts an era).
-        let got = eras("(1, 7, 1, 10), (1, 7, 11, 12), (1, 7, 3, 4), (1, 7, 10, 10)", 0).await;
+        let got = eras(
+            "(1, 7, 1, 10), (1, 7, 11, 12), (1, 7, 3, 4), (1, 7, 10, 10)",
+            0,
+        )
+        .await;
         assert_eq!(got, vec![(1, 7, 1, 10), (1, 7, 11, 12)]);
     }
 }

@@ -165,9 +165,7 @@ impl TableProvider for StudyTable {
         let state = state
             .as_any()
             .downcast_ref::<SessionState>()
-            .ok_or_else(|| {
-                exec_datafusion_err!("{} needs a DataFusion SessionState", self.name)
-            })?
+            .ok_or_else(|| exec_datafusion_err!("{} needs a DataFusion SessionState", self.name))?
             .clone();
         let (settings, part, schema) = (self.settings.clone(), self.part, self.schema.clone());
         let producer: BatchProducer = Arc::new(move |_task| {

@@ -304,7 +304,9 @@ pub fn parse_date(key: &str, s: &str) -> DfResult<i64> {
     let parts: Vec<&str> = s.split('-').collect();
     let nums: Option<Vec<i64>> = parts.iter().map(|p| p.parse::<i64>().ok()).collect();
     match nums.as_deref() {
-        Some(&[y, m, d]) if parts[0].len() == 4 && (1..=12).contains(&m) && (1..=31).contains(&d) => {
+        Some(&[y, m, d])
+            if parts[0].len() == 4 && (1..=12).contains(&m) && (1..=31).contains(&d) =>
+        {
             let day = days_from_civil(y, m, d);
             if civil_from_days(day) != (y, m, d) {
                 return plan_err!("{key}: {s} is not a calendar date");
@@ -479,8 +481,8 @@ mod tests {
 
     #[test]
     fn concept_sets_need_exactly_one_source() {
-        let cs: ConceptSet = serde_json::from_str(r#"{"concept_ids": [1], "cohort_ids": [2]}"#)
-            .unwrap();
+        let cs: ConceptSet =
+            serde_json::from_str(r#"{"concept_ids": [1], "cohort_ids": [2]}"#).unwrap();
         assert!(cs.check("outcome").is_err());
         assert!(ConceptSet::default().check("outcome").is_err());
         assert!(serde_json::from_str::<ConceptSet>(r#"{"concept_id": [1]}"#).is_err());

@@ -333,7 +333,9 @@ impl SccsDesign {
 
     /// The study-population SQL (a user can run it to see the candidate cases).
     pub fn cases_sql(&self) -> DfResult<String> {
-        let min_age_days = self.min_age.map_or(-NO_LIMIT, |a| (a * 365.25).ceil() as i64);
+        let min_age_days = self
+            .min_age
+            .map_or(-NO_LIMIT, |a| (a * 365.25).ceil() as i64);
         let max_age_end_days = self
             .max_age
             .map_or(NO_LIMIT, |a| ((a + 1.0) * 365.25).ceil() as i64 - 1);
@@ -571,7 +573,10 @@ impl IntervalPlan {
             push(AGE_BASE, s.basis((month_start - b) as f64));
         }
         if let Some(s) = &self.season {
-            push(SEASON_BASE, s.basis(month_index.rem_euclid(12) as f64 + 0.5));
+            push(
+                SEASON_BASE,
+                s.basis(month_index.rem_euclid(12) as f64 + 0.5),
+            );
         }
         if let Some(s) = &self.calendar {
             push(CALENDAR_BASE, s.basis(month_start as f64));
@@ -865,7 +870,9 @@ fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, 
 fn attrition_batch(rows: &[(String, i64, i64, i64)]) -> DfResult<RecordBatch> {
     let cols: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from_iter_values(1..=rows.len() as i64)),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0.as_str()))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.0.as_str()),
+        )),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.3))),
@@ -895,7 +902,10 @@ fn window_covariates(
         } else {
             e.risk_windows.clone()
         };
-        let label = e.label.clone().unwrap_or_else(|| format!("exposure {}", i + 1));
+        let label = e
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("exposure {}", i + 1));
         for w in windows {
             let mut ids = BTreeMap::new();
             let keys: Vec<Option<i64>> = if e.stratify_by_id {
@@ -903,7 +913,13 @@ fn window_covariates(
             } else {
                 vec![None]
             };
-            let anchor = |a: Anchor| if a == Anchor::EraStart { "era start" } else { "era end" };
+            let anchor = |a: Anchor| {
+                if a == Anchor::EraStart {
+                    "era start"
+                } else {
+                    "era end"
+                }
+            };
             let window_name = w.label.clone().unwrap_or_else(|| {
                 format!(
                     "{} {:+} to {} {:+}",
@@ -960,8 +976,12 @@ pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyT
         case_schema.clone(),
         vec![
             Arc::new(Int64Array::from_iter_values(0..kept.len() as i64)),
-            Arc::new(Int64Array::from_iter_values(kept.iter().map(|c| c.person_id))),
-            Arc::new(Int64Array::from_iter_values(kept.iter().map(|c| c.start_day))),
+            Arc::new(Int64Array::from_iter_values(
+                kept.iter().map(|c| c.person_id),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                kept.iter().map(|c| c.start_day),
+            )),
             Arc::new(Int64Array::from_iter_values(kept.iter().map(|c| c.end_day))),
         ],
     )?;
@@ -1043,11 +1063,10 @@ pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyT
         .iter()
         .map(|c| (c.person_id, c.observation_period_id))
         .collect();
-    let (outcomes, covariates, informative) = tokio::task::spawn_blocking(move || {
-        intervals_to_batches(&plan, &data, &kept_meta)
-    })
-    .await
-    .map_err(|e| exec_datafusion_err!("sccs interval task failed: {e}"))??;
+    let (outcomes, covariates, informative) =
+        tokio::task::spawn_blocking(move || intervals_to_batches(&plan, &data, &kept_meta))
+            .await
+            .map_err(|e| exec_datafusion_err!("sccs interval task failed: {e}"))??;
     attrition.push((
         "cases with more than one interval (informative)".into(),
         informative.0,
@@ -1071,7 +1090,11 @@ fn interval_plan(
     let mut plan = IntervalPlan {
         windows,
         stratified: d.exposures.iter().map(|e| e.stratify_by_id).collect(),
-        first_occurrence: d.exposures.iter().map(|e| e.first_occurrence_only).collect(),
+        first_occurrence: d
+            .exposures
+            .iter()
+            .map(|e| e.first_occurrence_only)
+            .collect(),
         age_group_starts: d.age_group_starts.clone(),
         probe: d.end_of_observation_probe,
         age: None,
@@ -1089,8 +1112,12 @@ fn interval_plan(
         let mut k = knots(s, &ages, "age_spline")?;
         // Boundaries: the observed ages of every case.
         if s.knots_at.is_none() {
-            let lo = data.iter().filter_map(|c| c.birth.map(|b| (c.start - b) as f64));
-            let hi = data.iter().filter_map(|c| c.birth.map(|b| (c.end - b) as f64));
+            let lo = data
+                .iter()
+                .filter_map(|c| c.birth.map(|b| (c.start - b) as f64));
+            let hi = data
+                .iter()
+                .filter_map(|c| c.birth.map(|b| (c.end - b) as f64));
             k[0] = lo.fold(k[0], f64::min);
             let last = k.len() - 1;
             k[last] = hi.fold(k[last], f64::max);
@@ -1343,7 +1370,12 @@ mod tests {
     fn touching_and_overlapping_eras_merge() {
         let p = plan(vec![RiskWindow::default()], false);
         // Eras [10, 20] and [21, 30] touch, [25, 40] overlaps: one exposed stretch [10, 40].
-        let c = case(1, 100, vec![15, 50], vec![era(10, 20), era(21, 30), era(25, 40)]);
+        let c = case(
+            1,
+            100,
+            vec![15, 50],
+            vec![era(10, 20), era(21, 30), era(25, 40)],
+        );
         let s = p.split_case(&c).unwrap();
         assert_eq!(s.elementary, 3);
         assert_eq!(rows(&s), vec![(vec![], 9 + 60, 1), (vec![1000], 31, 1)]);
@@ -1376,7 +1408,9 @@ mod tests {
         let p = plan(vec![RiskWindow::default()], false);
         assert!(p.split_case(&case(1, 100, vec![5], vec![])).is_none());
         // An era covering the whole case: one interval.
-        assert!(p.split_case(&case(1, 100, vec![5], vec![era(0, 200)])).is_none());
+        assert!(p
+            .split_case(&case(1, 100, vec![5], vec![era(0, 200)]))
+            .is_none());
         let mut p = p;
         p.merge = false;
         let s = p
@@ -1405,7 +1439,10 @@ mod tests {
         // [191, 200] → 99 (together with the age group).
         assert!(r.contains(&(vec![1010], 30, 0)));
         assert!(r.contains(&(vec![1000], 21, 0)));
-        assert!(r.contains(&(vec![101], 150 - 121 + 1 - 1 + 10, 0)) || r.iter().any(|x| x.0 == vec![101]));
+        assert!(
+            r.contains(&(vec![101], 150 - 121 + 1 - 1 + 10, 0))
+                || r.iter().any(|x| x.0 == vec![101])
+        );
         assert!(r.contains(&(vec![99, 101], 10, 1)));
         assert_eq!(r.iter().map(|x| x.1).sum::<i64>(), 200);
         assert_eq!(r.iter().map(|x| x.2).sum::<i64>(), 2);
@@ -1467,12 +1504,33 @@ mod tests {
                 .to_string();
             assert!(e.contains(key), "{e} should name {key}");
         };
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "naive": 3}"#, "naive");
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "naive_period": "x"}"#, "naive_period");
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": []}"#, "exposures");
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "study_start_date": "2001"}"#, "study_start_date");
-        bad(r#"{"outcome": {}, "exposures": [{"concept_ids": [2]}]}"#, "outcome");
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2], "risk_windows": [{"start": 5, "end": 1, "end_anchor": "era_start"}]}]}"#, "risk_windows[0]");
-        bad(r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "age_spline": {"knots": 2}}"#, "age_spline.knots");
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "naive": 3}"#,
+            "naive",
+        );
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "naive_period": "x"}"#,
+            "naive_period",
+        );
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": []}"#,
+            "exposures",
+        );
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "study_start_date": "2001"}"#,
+            "study_start_date",
+        );
+        bad(
+            r#"{"outcome": {}, "exposures": [{"concept_ids": [2]}]}"#,
+            "outcome",
+        );
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2], "risk_windows": [{"start": 5, "end": 1, "end_anchor": "era_start"}]}]}"#,
+            "risk_windows[0]",
+        );
+        bad(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "age_spline": {"knots": 2}}"#,
+            "age_spline.knots",
+        );
     }
 }

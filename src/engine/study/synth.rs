@@ -87,8 +87,9 @@ impl Table {
             .map(|(f, c)| {
                 let v = std::mem::take(c);
                 if *f.data_type() == DataType::Date32 {
-                    Arc::new(Date32Array::from_iter_values(v.into_iter().map(|d| d as i32)))
-                        as ArrayRef
+                    Arc::new(Date32Array::from_iter_values(
+                        v.into_iter().map(|d| d as i32),
+                    )) as ArrayRef
                 } else {
                     Arc::new(Int64Array::from(v)) as ArrayRef
                 }
@@ -240,7 +241,13 @@ pub fn write_store(dir: &Path, persons: usize, drugs: usize, seed: u64) -> DfRes
             death.push(&[pid, end]);
         }
         if (p + 1) % 100_000 == 0 {
-            for t in [&mut person, &mut period, &mut era, &mut condition, &mut death] {
+            for t in [
+                &mut person,
+                &mut period,
+                &mut era,
+                &mut condition,
+                &mut death,
+            ] {
                 t.flush()?;
             }
         }
