@@ -92,7 +92,8 @@ const SCCS_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; OHDSI def
     risk_windows [{start, start_anchor (era_start|era_end), end, end_anchor}], stratify_by_id, \
     first_occurrence_only), first_outcome_only, naive_period, min_age, max_age, genders, \
     study_start_date, study_end_date, age_group_starts (days), age_spline / season_spline / \
-    calendar_spline ({knots} or {knots_at}), end_of_observation_probe (days), merge_patterns";
+    calendar_spline ({knots} or {knots_at}), end_of_observation_probe (days), merge_patterns, \
+    restrict_time_to_exposure (index into exposures)";
 
 const COHORT_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; CohortMethod defaults): target, \
     comparator, outcome (concept sets), competing ({death, outcome}), model (cox|fine_gray), \

@@ -28,6 +28,7 @@
 //! | `age_spline`, `season_spline`, `calendar_spline` | `{"knots": k}` or `{"knots_at": [...]}`: quadratic B-splines, constant per calendar month; ids 101+, 201+, 301+ | none |
 //! | `end_of_observation_probe` | days before observation end covered by covariate 99 (OHDSI: 30) | none |
 //! | `merge_patterns` | merge intervals with identical covariates within a case | true |
+//! | `restrict_time_to_exposure` | index of an exposure: study period narrowed to its first era start … last era end | none |
 //!
 //! Exposure settings: the concept-set keys (`concept_ids`, `include_descendants`, `cohort_ids`,
 //! `sql`, `domain` [`drug_era`], `persistence_days`), `label`, `id` (covariate id of the first
@@ -234,6 +235,11 @@ pub struct SccsDesign {
     /// Merge intervals with identical covariates [true].
     #[serde(default = "yes")]
     pub merge_patterns: bool,
+    /// Restrict observation time to the calendar range in which this exposure (index into
+    /// `exposures`) is observed in the store: first era start to last era end (OHDSI
+    /// `restrictTimeToEraId`) [none].
+    #[serde(default)]
+    pub restrict_time_to_exposure: Option<usize>,
 }
 
 /// Bounds used for "no limit" in the SQL.
@@ -311,6 +317,14 @@ impl SccsDesign {
                 }
             }
         }
+        if let Some(x) = self.restrict_time_to_exposure {
+            if x >= self.exposures.len() {
+                return plan_err!(
+                    "restrict_time_to_exposure: {x} is not an index into exposures (0..{})",
+                    self.exposures.len()
+                );
+            }
+        }
         if let Some(p) = self.end_of_observation_probe {
             if p < 1 {
                 return plan_err!("end_of_observation_probe: days ≥ 1, got {p}");
@@ -331,8 +345,10 @@ impl SccsDesign {
             .map_or(Ok(NO_LIMIT), |s| parse_date("study_end_date", s))
     }
 
-    /// The study-population SQL (a user can run it to see the candidate cases).
-    pub fn cases_sql(&self) -> DfResult<String> {
+    /// The study-population SQL (a user can run it to see the candidate cases), with the
+    /// study period narrowed to `era_range` (first day, last day) when given.
+    pub fn cases_sql(&self, era_range: Option<(i64, i64)>) -> DfResult<String> {
+        let (lo, hi) = era_range.unwrap_or((-NO_LIMIT, NO_LIMIT));
         let min_age_days = self
             .min_age
             .map_or(-NO_LIMIT, |a| (a * 365.25).ceil() as i64);
@@ -359,8 +375,8 @@ impl SccsDesign {
                         "TRUE".into()
                     },
                 ),
-                ("study_start", self.study_start()?.to_string()),
-                ("study_end", self.study_end()?.to_string()),
+                ("study_start", self.study_start()?.max(lo).to_string()),
+                ("study_end", self.study_end()?.min(hi).to_string()),
                 ("min_age_days", min_age_days.to_string()),
                 ("max_age_end_days", max_age_end_days.to_string()),
                 ("naive_period", self.naive_period.to_string()),
@@ -837,7 +853,9 @@ fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, 
             4,
             "study period",
             2,
-            d.study_start_date.is_some() || d.study_end_date.is_some(),
+            d.study_start_date.is_some()
+                || d.study_end_date.is_some()
+                || d.restrict_time_to_exposure.is_some(),
         ),
         (
             5,
@@ -960,8 +978,28 @@ fn window_covariates(
 /// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
 pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyTables> {
     d.check()?;
-    // 1. Study population.
-    let cases = read_cases(&query(ctx, &d.cases_sql()?).await?)?;
+    // 1. Study population (with the exposure's observed calendar range, when asked for).
+    let era_range = match d.restrict_time_to_exposure {
+        Some(x) => {
+            let sql = format!(
+                "SELECT CAST(min(start_day) AS BIGINT) AS first_day, CAST(max(end_day) AS BIGINT) AS last_day FROM ({}) AS eras",
+                d.exposures[x].concept_set().sql(Domain::DrugEra)
+            );
+            let b = query(ctx, &sql).await?;
+            let (first, last) = (
+                i64_column(&b[0], "first_day")?,
+                i64_column(&b[0], "last_day")?,
+            );
+            if first.is_null(0) {
+                return exec_err!(
+                    "restrict_time_to_exposure: exposures[{x}] has no eras in the store"
+                );
+            }
+            Some((first.value(0), last.value(0)))
+        }
+        None => None,
+    };
+    let cases = read_cases(&query(ctx, &d.cases_sql(era_range)?).await?)?;
     let mut attrition = population_attrition(d, &cases);
     let kept: Vec<CaseRow> = cases.into_iter().filter(|c| c.dropped_at == 0).collect();
 
