@@ -37,8 +37,12 @@ SELECT * FROM cohort_attrition('{
 -- Events by group: censored (0), GI bleed (1), diverticular disease first (2).
 SELECT treatment, y, count(*) AS subjects FROM fg_outcomes GROUP BY treatment, y ORDER BY treatment, y;
 
--- Subdistribution hazard ratio of celecoxib vs diclofenac, adjusted for gender and age group.
+-- Subdistribution hazard ratio of celecoxib vs diclofenac, adjusted for female gender
+-- (covariate 8532001). The baseline covariates come FeatureExtraction-style, one indicator per
+-- level (both genders, every age group), so an unpenalized fit must leave a reference level
+-- out; under a prior (as in gibleed_new_user_cox.sql) all of them can stay.
 SELECT covariate_id, estimate, exp_estimate AS subdistribution_hr, std_error,
        exp(ci_lower) AS shr_lower, exp(ci_upper) AS shr_upper, log_likelihood, iterations, status
-FROM fine_gray_fit('fg_outcomes', 'fg_covariates', '{"ci": "wald"}')
-WHERE covariate_id = 1;
+FROM fine_gray_fit('fg_outcomes', 'SELECT * FROM fg_covariates WHERE covariate_id IN (1, 8532001)',
+                   '{"ci": "wald"}')
+ORDER BY covariate_id;

@@ -485,6 +485,14 @@ fn gibleed_sql_files_run_end_to_end() {
             est.iter().all(|e| e.is_finite()),
             "{file} ({model}): {est:?}"
         );
+        // Identifiable designs: every printed standard error exists.
+        if fit[0].iter().any(|c| c == "std_error") {
+            let se = column(fit, "std_error");
+            assert!(
+                se.iter().all(|s| s.parse::<f64>().is_ok_and(|v| v > 0.0)),
+                "{file}: {se:?}"
+            );
+        }
     }
 }
 
