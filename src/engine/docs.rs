@@ -15,6 +15,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::engine::fit_table::FIT_FUNCTIONS;
 use crate::engine::fit_udaf::FIT_AGGREGATES;
+use crate::engine::study::functions::{Design, Part, STUDY_FUNCTIONS};
 use crate::model::ModelKind;
 
 const SECTION: DocSection = DocSection {
@@ -92,6 +93,49 @@ fn aggregate_doc(name: &str, model: ModelKind) -> Documentation {
     .build()
 }
 
+const SCCS_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; OHDSI defaults): outcome (concept set: \
+    concept_ids [+ include_descendants, domain] | cohort_ids | sql), exposures (list: concept set keys, label, id, \
+    risk_windows [{start, start_anchor (era_start|era_end), end, end_anchor}], stratify_by_id, \
+    first_occurrence_only), first_outcome_only, naive_period, min_age, max_age, genders, \
+    study_start_date, study_end_date, age_group_starts (days), age_spline / season_spline / \
+    calendar_spline ({knots} or {knots_at}), end_of_observation_probe (days), merge_patterns, \
+    restrict_time_to_exposure (index into exposures)";
+
+const COHORT_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; CohortMethod defaults): target, \
+    comparator, outcome (concept sets), competing ({death, outcome}), model (cox|fine_gray), \
+    first_exposure_only, remove_duplicate_subjects (keep_all|remove_all|keep_first), washout_days, \
+    restrict_to_common_period, remove_subjects_with_prior_outcome, prior_outcome_lookback, \
+    risk_window_start, start_anchor, risk_window_end, end_anchor (cohort_start|cohort_end), \
+    censor_at_new_risk_window, min_days_at_risk, strata (gender|age_group|index_year), covariates \
+    ({lookback_days, end_days, gender, age_group, conditions, drugs, procedures, excluded_concept_ids})";
+
+fn study_doc(name: &str, design: Design, part: Part) -> Documentation {
+    let (what, settings) = match design {
+        Design::Sccs => ("the self-controlled case series design", SCCS_SETTINGS_DOC),
+        Design::Cohort => ("the new-user cohort design", COHORT_SETTINGS_DOC),
+    };
+    let returns = match (design, part) {
+        (Design::Sccs, Part::Outcomes) => "the interval table in the long outcome format of sccs_fit: row_id, stratum_id (case), time (days), y (outcomes), person_id, observation_period_id",
+        (Design::Cohort, Part::Outcomes) => "the risk set in the long outcome format of cox_fit / fine_gray_fit: row_id, [stratum_id], time, y, person_id, treatment, cohort_start_day, risk_start_day, risk_end_day, status (0 censored, 1 outcome, 2 competing)",
+        (_, Part::Covariates) => "the sparse covariates: row_id, covariate_id, covariate_value",
+        (_, Part::CovariateRef) => "the covariate reference: covariate_id, covariate_name, analysis_id, analysis_name, concept_id",
+        (Design::Sccs, Part::Attrition) => "the attrition table: step, description, persons, cases, outcomes left after each step",
+        (Design::Cohort, Part::Attrition) => "the attrition table: step, description, target_persons, comparator_persons, target_outcomes, comparator_outcomes left after each step",
+    };
+    let example = match design {
+        Design::Sccs => format!("SELECT * FROM {name}('{{\"outcome\": {{\"concept_ids\": [192671], \"include_descendants\": true}}, \"exposures\": [{{\"concept_ids\": [1118084]}}]}}');"),
+        Design::Cohort => format!("SELECT * FROM {name}('{{\"target\": {{\"concept_ids\": [1118084]}}, \"comparator\": {{\"concept_ids\": [1124300]}}, \"outcome\": {{\"concept_ids\": [192671], \"include_descendants\": true}}, \"risk_window_end\": 365, \"end_anchor\": \"cohort_start\"}}');"),
+    };
+    Documentation::builder(
+        SECTION,
+        format!("Builds {what} from the registered OMOP tables and returns {returns}."),
+        format!("{name}(settings)"),
+    )
+    .with_argument("settings", settings)
+    .with_sql_example(example)
+    .build()
+}
+
 /// Documentation of every function, by name.
 pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
     static DOCS: OnceLock<BTreeMap<&'static str, Documentation>> = OnceLock::new();
@@ -102,6 +146,9 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
         }
         for &(name, model) in FIT_AGGREGATES {
             m.insert(name, aggregate_doc(name, model));
+        }
+        for &(name, design, part) in STUDY_FUNCTIONS {
+            m.insert(name, study_doc(name, design, part));
         }
         m.insert(
             "design_matrix",

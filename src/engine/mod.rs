@@ -5,6 +5,7 @@
 //! * [`options`]: JSON fit options;
 //! * [`docs`]: the documentation of every SQL function (`SELECT * FROM epifusion_functions()`);
 //! * [`design_table`]: `design_matrix`, matrices kept in the session for reuse;
+//! * [`study`]: SCCS intervals and new-user cohort risk sets built from an OMOP store;
 //! * [`session`], [`fit_table`], [`fit_udaf`], [`omop`], [`store`], [`shell`]: SQL sessions, the fitting table
 //!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
@@ -18,3 +19,4 @@ pub mod options;
 pub mod session;
 pub mod shell;
 pub mod store;
+pub mod study;

@@ -11,6 +11,7 @@ use crate::engine::fit_table::{FitTableFunction, FIT_FUNCTIONS};
 use crate::engine::fit_udaf::{FitAggregate, FIT_AGGREGATES};
 use crate::engine::omop;
 use crate::engine::store::EnvObjectStoreRegistry;
+use crate::engine::study::functions::{StudyTableFunction, STUDY_FUNCTIONS};
 
 /// Session settings.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +28,7 @@ pub fn function_names() -> Vec<&'static str> {
         .iter()
         .chain(FIT_AGGREGATES)
         .map(|(n, _)| *n)
+        .chain(STUDY_FUNCTIONS.iter().map(|(n, _, _)| *n))
         .chain(["design_matrix", "epifusion_functions"])
         .collect()
 }
@@ -48,6 +50,9 @@ pub fn register_all(ctx: &SessionContext) {
         "epifusion_functions",
         Arc::new(crate::engine::docs::FunctionsTable),
     );
+    for &(name, design, part) in STUDY_FUNCTIONS {
+        ctx.register_udtf(name, Arc::new(StudyTableFunction::new(name, design, part)));
+    }
     for &(name, model) in FIT_AGGREGATES {
         ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(
             FitAggregate::new(name, model),

@@ -9,3 +9,4 @@ mod golden_support;
 mod oracle;
 mod selection;
 mod sql;
+mod study;

@@ -1,0 +1,134 @@
+-- New-user cohort study population (OHDSI CohortMethod conventions, DESIGN.md §3.2).
+--
+-- One row per cohort entry (target: treatment = 1, comparator: treatment = 0) that starts inside
+-- an observation period of a person with a `person` row. Days are integers since 1970-01-01,
+-- both ends inclusive. `dropped_at` names the first step that removes the entry (0 = kept):
+--   2 first exposure only, 3 duplicate subjects (in both cohorts), 4 washout (prior observation),
+--   5 common period, 6 prior outcome, 7 minimum days at risk.
+-- Risk window: [risk_start, risk_end], censored at the observation end and, when asked for, the
+-- day before the person's next risk window. Outcome and competing event: the first in the
+-- window. Fine–Gray status: 1 outcome, 2 competing event (if strictly earlier), 0 censored;
+-- time = event day − risk_start + 1, else the window length.
+--
+-- Placeholders: {target}, {comparator}, {outcome} (person_id, concept_id, start_day, end_day),
+-- {competing} (person_id, day), {first_only}, {duplicates} (keep_all | remove_all | keep_first),
+-- {washout_days}, {restrict_common}, {remove_prior}, {prior_lookback}, {risk_start},
+-- {risk_end} (expressions of start_day / end_day), {censor_new_window}, {min_days}.
+WITH entry AS (
+  SELECT person_id, 1 AS treatment, start_day, end_day FROM ({target}) AS t
+  UNION ALL
+  SELECT person_id, 0 AS treatment, start_day, end_day FROM ({comparator}) AS c
+),
+outcome AS (
+  {outcome}
+),
+competing AS (
+  {competing}
+),
+observed AS (
+  SELECT row_number() OVER (ORDER BY e.person_id, e.start_day, e.treatment, e.end_day) AS entry_id,
+         e.person_id, e.treatment, e.start_day, greatest(e.end_day, e.start_day) AS end_day,
+         CAST(op.observation_period_start_date AS INT) AS obs_start,
+         CAST(op.observation_period_end_date AS INT) AS obs_end,
+         CAST(make_date(CAST(p.year_of_birth AS INT), CAST(coalesce(p.month_of_birth, 1) AS INT),
+                        CAST(coalesce(p.day_of_birth, 1) AS INT)) AS INT) AS birth_day,
+         p.gender_concept_id
+  FROM entry e
+  JOIN person p ON p.person_id = e.person_id
+  JOIN observation_period op
+    ON op.person_id = e.person_id
+   AND e.start_day BETWEEN CAST(op.observation_period_start_date AS INT)
+                       AND CAST(op.observation_period_end_date AS INT)
+),
+first_pass AS (
+  SELECT o.*,
+         (NOT {first_only}) OR row_number() OVER (
+           PARTITION BY person_id, treatment ORDER BY start_day, end_day, entry_id) = 1 AS pass_first
+  FROM observed o
+),
+cohort_starts AS (
+  SELECT f.*,
+         min(CASE WHEN pass_first AND treatment = 1 THEN start_day END)
+           OVER (PARTITION BY person_id) AS target_start,
+         min(CASE WHEN pass_first AND treatment = 0 THEN start_day END)
+           OVER (PARTITION BY person_id) AS comparator_start
+  FROM first_pass f
+),
+checked AS (
+  SELECT c.*,
+         CASE '{duplicates}'
+           WHEN 'keep_all' THEN TRUE
+           WHEN 'remove_all' THEN target_start IS NULL OR comparator_start IS NULL
+           ELSE target_start IS NULL OR comparator_start IS NULL
+                OR (treatment = 1 AND target_start < comparator_start)
+                OR (treatment = 0 AND comparator_start < target_start)
+         END AS pass_duplicates,
+         start_day - obs_start >= {washout_days} AS pass_washout,
+         {risk_start} AS risk_start,
+         least({risk_end}, obs_end) AS risk_end_observed
+  FROM cohort_starts c
+),
+common AS (
+  SELECT greatest(min(CASE WHEN treatment = 1 THEN start_day END),
+                  min(CASE WHEN treatment = 0 THEN start_day END)) AS common_start,
+         least(max(CASE WHEN treatment = 1 THEN start_day END),
+               max(CASE WHEN treatment = 0 THEN start_day END)) AS common_end
+  FROM checked
+  WHERE pass_first AND pass_duplicates AND pass_washout
+),
+next_window AS (
+  SELECT entry_id,
+         lead(risk_start) OVER (PARTITION BY person_id ORDER BY start_day, entry_id) AS next_risk_start
+  FROM checked
+  WHERE pass_first AND pass_duplicates AND pass_washout
+),
+windowed AS (
+  SELECT c.*,
+         (NOT {restrict_common})
+           OR coalesce(c.start_day BETWEEN m.common_start AND m.common_end, FALSE) AS pass_common,
+         CASE WHEN {censor_new_window} AND n.next_risk_start IS NOT NULL
+              THEN least(c.risk_end_observed, n.next_risk_start - 1)
+              ELSE c.risk_end_observed END AS risk_end
+  FROM checked c
+  CROSS JOIN common m
+  LEFT JOIN next_window n ON n.entry_id = c.entry_id
+),
+outcome_days AS (
+  SELECT w.entry_id,
+         max(CASE WHEN o.start_day BETWEEN w.start_day - {prior_lookback} AND w.risk_start - 1
+                  THEN 1 ELSE 0 END) AS prior_outcome,
+         min(CASE WHEN o.start_day BETWEEN w.risk_start AND w.risk_end THEN o.start_day END) AS outcome_day
+  FROM windowed w
+  JOIN outcome o ON o.person_id = w.person_id
+  GROUP BY w.entry_id
+),
+competing_days AS (
+  SELECT w.entry_id, min(k.day) AS competing_day
+  FROM windowed w
+  JOIN competing k ON k.person_id = w.person_id AND k.day BETWEEN w.risk_start AND w.risk_end
+  GROUP BY w.entry_id
+),
+assessed AS (
+  SELECT w.*, coalesce(o.prior_outcome, 0) AS prior_outcome, o.outcome_day, k.competing_day,
+         CASE WHEN o.outcome_day IS NOT NULL
+                   AND (k.competing_day IS NULL OR o.outcome_day <= k.competing_day) THEN 1
+              WHEN k.competing_day IS NOT NULL THEN 2
+              ELSE 0 END AS status
+  FROM windowed w
+  LEFT JOIN outcome_days o ON o.entry_id = w.entry_id
+  LEFT JOIN competing_days k ON k.entry_id = w.entry_id
+)
+SELECT entry_id AS row_id, person_id, treatment, start_day, end_day, obs_start, obs_end,
+       birth_day, gender_concept_id, risk_start, risk_end, prior_outcome, outcome_day,
+       competing_day, status,
+       CASE status WHEN 1 THEN outcome_day WHEN 2 THEN competing_day ELSE risk_end END
+         - risk_start + 1 AS days_at_risk_or_event,
+       CASE WHEN NOT pass_first THEN 2
+            WHEN NOT pass_duplicates THEN 3
+            WHEN NOT pass_washout THEN 4
+            WHEN NOT pass_common THEN 5
+            WHEN {remove_prior} AND prior_outcome = 1 THEN 6
+            WHEN risk_end - risk_start + 1 < {min_days} THEN 7
+            ELSE 0 END AS dropped_at
+FROM assessed
+ORDER BY row_id
