@@ -5,6 +5,7 @@
 //! and says why, and `device: cuda` is a clear error.
 
 pub mod cpu;
+pub mod layout;
 
 use crate::error::{Error, Result};
 
