@@ -359,13 +359,13 @@ pub(crate) mod reference {
         let te: Vec<f64> = (0..n).map(|k| l.tw[k] * eta[k].exp()).collect();
         let mut den = vec![0.0; l.n_strata()];
         let mut ll = 0.0;
-        for s in 0..l.n_strata() {
+        for (s, d) in den.iter_mut().enumerate() {
             for k in l.strat_ptr[s] as usize..l.strat_ptr[s + 1] as usize {
-                den[s] += te[k];
+                *d += te[k];
                 ll += l.yw[k] * eta[k];
             }
             if l.nsum[s] > 0.0 {
-                ll -= l.nsum[s] * den[s].ln();
+                ll -= l.nsum[s] * d.ln();
             }
         }
         let (mut gs, mut hs) = (Vec::new(), Vec::new());
