@@ -270,6 +270,8 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
+    /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
+    pub gpu: Option<crate::backend::GpuFitStats>,
     /// The prior used (with the variance chosen by cross-validation, when there was one).
     pub prior: Prior,
     /// Cross-validation result.
@@ -357,7 +359,15 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             design,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        finish(lik.as_mut(), &shape, opts, opts.prior, started, device, None)
+        finish(
+            lik.as_mut(),
+            &shape,
+            opts,
+            opts.prior,
+            started,
+            device,
+            None,
+        )
     })
 }
 
@@ -492,10 +502,11 @@ fn fit_shape(
 ) -> Result<FitResult> {
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
+    let mut gpu_stats = None;
     let r = match gpu {
         // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
         Some(design) => {
-            let (r, _) = crate::backend::gpu_fit(
+            let (r, stats) = crate::backend::gpu_fit(
                 opts.model,
                 opts.ties,
                 design,
@@ -508,6 +519,7 @@ fn fit_shape(
             } else {
                 &r.beta
             });
+            gpu_stats = Some(stats);
             r
         }
         None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
@@ -618,6 +630,7 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
+        gpu: gpu_stats,
         prior: Prior::None,
         cv: None,
         bootstrap: None,

@@ -117,9 +117,11 @@ pub fn nvrtc_missing() -> std::result::Result<(), String> {
     if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         Ok(())
     } else {
-        Err("no NVRTC library (libnvrtc.so, part of the CUDA toolkit) was found; it compiles the \
+        Err(
+            "no NVRTC library (libnvrtc.so, part of the CUDA toolkit) was found; it compiles the \
              kernels at run time"
-            .into())
+                .into(),
+        )
     }
 }
 
@@ -595,10 +597,7 @@ impl DeviceModel {
             .arg(&*we)
             .arg(&*xcol);
         arg_opt!(b, comp_scale);
-        b.arg(&*grp)
-            .arg(&*grp_first)
-            .arg(&*grp_d)
-            .arg(&*grp_wsum);
+        b.arg(&*grp).arg(&*grp_first).arg(&*grp_d).arg(&*grp_wsum);
         arg_opt!(b, grp_g);
         b.arg(ctot).arg(&mut st.partials);
         // SAFETY: row arrays have n elements, group arrays one per group index in grp, ctot
@@ -608,7 +607,13 @@ impl DeviceModel {
     }
 
     /// One coordinate: gradient → step → update, all on the device.
-    fn coordinate(&mut self, gpu: &Gpu, st: &mut CcdState, csc: &DeviceCsc, j: usize) -> Result<()> {
+    fn coordinate(
+        &mut self,
+        gpu: &Gpu,
+        st: &mut CcdState,
+        csc: &DeviceCsc,
+        j: usize,
+    ) -> Result<()> {
         let j_i = j as i32;
         match self {
             DeviceModel::Sccs {

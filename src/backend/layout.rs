@@ -39,11 +39,8 @@ impl CscLayout {
             entries.extend(col.entries().map(|(i, v)| (pos[i], v)));
             entries.sort_unstable_by_key(|e| e.0);
             let indicator = col.format == ColumnFormat::Indicator;
-            out.val_off.push(if indicator {
-                -1
-            } else {
-                out.vals.len() as i64
-            });
+            out.val_off
+                .push(if indicator { -1 } else { out.vals.len() as i64 });
             for &(k, v) in &entries {
                 out.row_idx.push(k as i32);
                 if !indicator {

@@ -233,7 +233,10 @@ mod tests {
                 let note = auto.note.unwrap();
                 assert!(note.starts_with("device auto: using the CPU (") && note.contains(&why));
                 let e = cuda.unwrap_err().to_string();
-                assert!(e.contains("device `cuda` requested but") && e.contains(&why), "{e}");
+                assert!(
+                    e.contains("device `cuda` requested but") && e.contains(&why),
+                    "{e}"
+                );
             }
             Ok(name) => {
                 println!("GPU here: {name}");
