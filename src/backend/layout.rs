@@ -571,3 +571,175 @@ mod tests {
         assert!(unsupported(ModelKind::Logistic, &x).is_some());
     }
 }
+
+/// Writes risk-set layouts and their reference (g, h, LL) for the host emulation of
+/// `kernels/cox.cu` (`kernels/host_emulation/run.sh`). Run with `--ignored`.
+#[cfg(test)]
+mod emulation_dump {
+    use super::*;
+    use crate::model::risk_set::test_support::{build, random_records, Spec};
+    use crate::model::Ties;
+    use std::fmt::Write as _;
+
+    fn line<T: std::fmt::LowerExp>(out: &mut String, name: &str, v: &[T]) {
+        let _ = write!(out, "{name} {}", v.len());
+        for x in v {
+            let _ = write!(out, " {x:e}");
+        }
+        out.push('\n');
+    }
+
+    #[test]
+    #[ignore = "writes files for kernels/host_emulation"]
+    fn dump_risk_set_cases() {
+        let dir = std::env::var("EPI_DUMP_DIR").unwrap_or_else(|_| "/tmp/epi_emulation".into());
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut case = 0;
+        for (seed, n, fine_gray, strata) in [
+            (1, 60, false, 1),
+            (2, 700, false, 4),
+            (3, 60, true, 1),
+            (4, 2000, true, 7),
+        ] {
+            let spec = Spec {
+                n,
+                p: 3,
+                strata,
+                weights: true,
+                counting: false,
+                fine_gray,
+                offset: false,
+            };
+            let (recs, covs) = random_records(spec, seed);
+            let x = build(&recs, &covs);
+            let kind = if fine_gray {
+                ModelKind::FineGray
+            } else {
+                ModelKind::Cox
+            };
+            let l = RiskSetLayout::build(&x, kind).unwrap();
+            let beta = [0.3, -0.2, 0.5];
+            let eta = reference::eta(&l.csc, &l.offset, n, &beta);
+            let we: Vec<f64> = (0..n).map(|k| l.w[k] * eta[k].exp()).collect();
+            for ties in [Ties::Breslow, Ties::Efron] {
+                for j in [None, Some(0), Some(2)] {
+                    let mut xcol = vec![0.0; n];
+                    if let Some(j) = j {
+                        for (k, v) in l.csc.column(j) {
+                            xcol[k] = v;
+                        }
+                    }
+                    let want = reference::risk_set(&l, &beta, j, ties);
+                    let mut s = String::new();
+                    line(&mut s, "efron", &[i32::from(ties == Ties::Efron)]);
+                    line(&mut s, "n_strata", &[l.n_strata]);
+                    line(&mut s, "stratum", &l.stratum);
+                    line(&mut s, "y", &l.y);
+                    line(&mut s, "w", &l.w);
+                    line(&mut s, "eta", &eta);
+                    line(&mut s, "we", &we);
+                    line(&mut s, "xcol", &xcol);
+                    line(&mut s, "comp_scale", &l.comp_scale);
+                    line(&mut s, "grp", &l.grp);
+                    line(&mut s, "grp_first", &l.grp_first);
+                    line(&mut s, "grp_d", &l.grp_d);
+                    line(&mut s, "grp_wsum", &l.grp_wsum);
+                    line(&mut s, "grp_G", &l.grp_g);
+                    line(&mut s, "want", &want);
+                    std::fs::write(format!("{dir}/risk_set_case{case}.txt"), s).unwrap();
+                    case += 1;
+                }
+            }
+        }
+    }
+
+    /// Whole-CCD cases: the layout, the prior and the CPU's optimum (`ccd::fit`).
+    #[test]
+    #[ignore = "writes files for kernels/host_emulation"]
+    fn dump_ccd_cases() {
+        use crate::model::ccd::{self, CcdOptions, Convergence};
+        use crate::model::prior::{Prior, PriorSet};
+        let dir = std::env::var("EPI_DUMP_DIR").unwrap_or_else(|_| "/tmp/epi_emulation".into());
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = CcdOptions {
+            convergence: Convergence::Gradient,
+            tolerance: 1e-10,
+            max_iterations: 100_000,
+            ..Default::default()
+        };
+        let mut case = 0;
+        for (kind, ties, seed, n, strata) in [
+            (ModelKind::ConditionalPoisson, Ties::Breslow, 21, 300, 40),
+            (ModelKind::Cox, Ties::Breslow, 22, 400, 3),
+            (ModelKind::Cox, Ties::Efron, 23, 400, 3),
+            (ModelKind::FineGray, Ties::Efron, 24, 500, 4),
+        ] {
+            let spec = Spec {
+                n,
+                p: 4,
+                strata,
+                weights: true,
+                counting: false,
+                fine_gray: kind == ModelKind::FineGray,
+                offset: kind == ModelKind::ConditionalPoisson,
+            };
+            let (recs, covs) = random_records(spec, seed);
+            let x = build(&recs, &covs);
+            for prior in [Prior::None, Prior::Laplace { lambda: 3.0 }] {
+                let mut lik = crate::model::cpu_likelihood(
+                    kind,
+                    &x,
+                    crate::model::LikelihoodOptions { ties },
+                )
+                .unwrap();
+                let priors = PriorSet::new(prior, &[false; 4]);
+                let r = ccd::fit(lik.as_mut(), &priors, &[0.0; 4], None, &opts).unwrap();
+                let (pk, pp) = match prior {
+                    Prior::Laplace { lambda } => (1.0, lambda),
+                    _ => (0.0, 0.0),
+                };
+                let mut s = String::new();
+                line(&mut s, "prior", &[pk, pp]);
+                line(&mut s, "want_beta", &r.beta);
+                line(&mut s, "want_ll", &[r.log_likelihood]);
+                let csc = if kind == ModelKind::ConditionalPoisson {
+                    let l = SccsLayout::build(&x).unwrap();
+                    line(&mut s, "model", &[0]);
+                    line(&mut s, "strat_ptr", &l.strat_ptr);
+                    line(&mut s, "tw", &l.tw);
+                    line(&mut s, "yw", &l.yw);
+                    line(&mut s, "offset", &l.offset);
+                    line(&mut s, "nsum", &l.nsum);
+                    line(&mut s, "col_run_ptr", &l.col_run_ptr);
+                    line(&mut s, "run_lo", &l.run_lo);
+                    line(&mut s, "run_hi", &l.run_hi);
+                    line(&mut s, "run_stratum", &l.run_stratum);
+                    line(&mut s, "gconst", &l.gconst);
+                    l.csc
+                } else {
+                    let l = RiskSetLayout::build(&x, kind).unwrap();
+                    line(&mut s, "model", &[1]);
+                    line(&mut s, "efron", &[i32::from(ties == Ties::Efron)]);
+                    line(&mut s, "n_strata", &[l.n_strata]);
+                    line(&mut s, "stratum", &l.stratum);
+                    line(&mut s, "y", &l.y);
+                    line(&mut s, "w", &l.w);
+                    line(&mut s, "offset", &l.offset);
+                    line(&mut s, "comp_scale", &l.comp_scale);
+                    line(&mut s, "grp", &l.grp);
+                    line(&mut s, "grp_first", &l.grp_first);
+                    line(&mut s, "grp_d", &l.grp_d);
+                    line(&mut s, "grp_wsum", &l.grp_wsum);
+                    line(&mut s, "grp_G", &l.grp_g);
+                    l.csc
+                };
+                line(&mut s, "col_ptr", &csc.col_ptr);
+                line(&mut s, "row_idx", &csc.row_idx);
+                line(&mut s, "val_off", &csc.val_off);
+                line(&mut s, "vals", &csc.vals);
+                std::fs::write(format!("{dir}/ccd_case{case}.txt"), s).unwrap();
+                case += 1;
+            }
+        }
+    }
+}
