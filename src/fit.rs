@@ -341,7 +341,8 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     if opts.cv.is_some() || wants_bootstrap(opts) {
         return fit(&design, opts);
     }
-    let device = with_threads(opts, || opts.device.resolve(opts.model, &design))?;
+    opts.check()?;
+    let device = opts.device.resolve(opts.model, &design)?;
     if device.gpu {
         // The GPU fit reads the design beside the CPU likelihood (used for intervals).
         return fit(&design, opts);
