@@ -78,6 +78,16 @@ pub enum Error {
     /// Device (GPU) problem.
     #[error("device error: {0}")]
     Device(String),
+    /// NVRTC could not compile a kernel; `log` is the compiler's log, kept whole.
+    #[error("device error: NVRTC could not compile kernels/{kernel}: {message}\n{log}")]
+    Nvrtc {
+        /// The kernel source file.
+        kernel: String,
+        /// NVRTC's error.
+        message: String,
+        /// The compilation log.
+        log: String,
+    },
 }
 
 /// Convenience alias.

@@ -38,11 +38,12 @@
 //! | `profile` | none | [`ProfileOptions`]: profile intervals of chosen (also penalized) coefficients and likelihood profiles on a grid |
 //! | `ci_level` | 0.95 | in (0, 1) |
 //! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
-//! | `device` | auto | [`Device`]: auto, cpu or cuda |
+//! | `device` | auto | [`Device`]: auto, cpu or cuda (see [`crate::backend`]: the CUDA path is not verified on a GPU yet) |
+//! | `precision` | f64 | [`Precision`] of the design's values on the GPU: f64, or f32 with f64 accumulation |
 
 use std::time::Instant;
 
-use crate::backend::Device;
+use crate::backend::{Device, Precision, Resolved};
 use crate::error::{Error, Result};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
 use crate::model::ccd::{self, CcdOptions, FitStatus};
@@ -145,6 +146,8 @@ pub struct FitOptions {
     pub threads: Option<usize>,
     /// Device to run on.
     pub device: Device,
+    /// Storage precision of the design on the GPU (ignored on the CPU).
+    pub precision: Precision,
     /// Cross-validation of the prior variance.
     pub cv: Option<CvOptions>,
     /// Bootstrap.
@@ -166,6 +169,7 @@ impl FitOptions {
             ci_level: 0.95,
             threads: None,
             device: Device::Auto,
+            precision: Precision::F64,
             cv: None,
             bootstrap: None,
             profile: ProfileOptions::default(),
@@ -266,6 +270,8 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
+    /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
+    pub gpu: Option<crate::backend::GpuFitStats>,
     /// The prior used (with the variance chosen by cross-validation, when there was one).
     pub prior: Prior,
     /// Cross-validation result.
@@ -295,7 +301,7 @@ impl FitResult {
 pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     with_threads(opts, || {
         let started = Instant::now();
-        let (device, device_note) = opts.device.resolve()?;
+        let device = opts.device.resolve(opts.model, design)?;
         let mut shape = Shape::of(design);
         let mut cols = design.column_source();
         if opts.model.has_intercept() && !design.has_intercept() {
@@ -317,15 +323,8 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        let mut r = finish(
-            lik.as_mut(),
-            &shape,
-            opts,
-            prior,
-            started,
-            device,
-            device_note,
-        )?;
+        let gpu = device.gpu.then_some(design);
+        let mut r = finish(lik.as_mut(), &shape, opts, prior, started, device, gpu)?;
         r.cv = cv;
         drop(lik);
         bootstrap_into(&mut r, &problem, opts)?;
@@ -342,9 +341,14 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     if opts.cv.is_some() || wants_bootstrap(opts) {
         return fit(&design, opts);
     }
+    opts.check()?;
+    let device = opts.device.resolve(opts.model, &design)?;
+    if device.gpu {
+        // The GPU fit reads the design beside the CPU likelihood (used for intervals).
+        return fit(&design, opts);
+    }
     with_threads(opts, move || {
         let started = Instant::now();
-        let (device, device_note) = opts.device.resolve()?;
         let mut design = design;
         if opts.model.has_intercept() && !design.has_intercept() {
             design = design.with_intercept();
@@ -363,7 +367,7 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             opts.prior,
             started,
             device,
-            device_note,
+            None,
         )
     })
 }
@@ -462,8 +466,8 @@ fn finish(
     opts: &FitOptions,
     prior: Prior,
     started: Instant,
-    device: &str,
-    device_note: Option<String>,
+    device: Resolved,
+    gpu: Option<&DesignMatrix>,
 ) -> Result<FitResult> {
     let excluded: Vec<bool> = shape
         .labels
@@ -471,9 +475,9 @@ fn finish(
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
     let priors = PriorSet::new(prior, &excluded);
-    let mut r = fit_shape(lik, shape, &priors, opts, started)?;
-    r.device = device.into();
-    r.device_note = device_note;
+    let mut r = fit_shape(lik, shape, &priors, opts, started, gpu)?;
+    r.device = device.name;
+    r.device_note = device.note;
     r.prior = prior;
     Ok(r)
 }
@@ -486,7 +490,7 @@ pub fn fit_likelihood(
     opts: &FitOptions,
     started: Instant,
 ) -> Result<FitResult> {
-    fit_shape(lik, &Shape::of(x), priors, opts, started)
+    fit_shape(lik, &Shape::of(x), priors, opts, started, None)
 }
 
 fn fit_shape(
@@ -495,10 +499,32 @@ fn fit_shape(
     priors: &PriorSet,
     opts: &FitOptions,
     started: Instant,
+    gpu: Option<&DesignMatrix>,
 ) -> Result<FitResult> {
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
-    let r = ccd::fit(lik, priors, &beta0, None, &opts.ccd)?;
+    let mut gpu_stats = None;
+    let r = match gpu {
+        // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
+        Some(design) => {
+            let (r, stats) = crate::backend::gpu_fit(
+                opts.model,
+                opts.ties,
+                design,
+                priors,
+                &opts.ccd,
+                opts.precision,
+            )?;
+            lik.set_beta(if r.status == FitStatus::IllConditioned {
+                &beta0
+            } else {
+                &r.beta
+            });
+            gpu_stats = Some(stats);
+            r
+        }
+        None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
+    };
     let fit_seconds = r.seconds;
     let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
     let mut se = vec![None; p];
@@ -605,6 +631,7 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
+        gpu: gpu_stats,
         prior: Prior::None,
         cv: None,
         bootstrap: None,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use epifusion::backend::Device;
+use epifusion::backend::{Device, Precision};
 use epifusion::bench;
 use epifusion::engine::convert::{self, ReadOptions};
 use epifusion::engine::options::ResultTable;
@@ -116,6 +116,10 @@ fn parse_device(s: &str) -> std::result::Result<Device, String> {
     Device::parse(s).map_err(|e| e.to_string())
 }
 
+fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
+    Precision::parse(s).map_err(|e| e.to_string())
+}
+
 #[derive(Args, Debug)]
 struct FitArgs {
     /// cox, fine_gray, sccs, logistic, poisson or conditional_logistic.
@@ -162,9 +166,12 @@ struct FitArgs {
     /// Threads [all cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// auto, cpu or cuda.
+    /// auto, cpu or cuda (auto uses the CPU until the CUDA kernels are verified on a GPU).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: Device,
+    /// Storage precision of the design on the GPU: f64, or f32 with f64 accumulation.
+    #[arg(long, default_value = "f64", value_parser = parse_precision)]
+    precision: Precision,
     /// Write the result table (.csv, .json or .parquet).
     #[arg(long)]
     output: Option<PathBuf>,
@@ -263,9 +270,12 @@ struct BenchArgs {
     /// .parquet) instead of generating data.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// auto, cpu or cuda.
+    /// auto, cpu or cuda (auto uses the CPU until the CUDA kernels are verified on a GPU).
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     device: Device,
+    /// Storage precision of the design on the GPU: f64, or f32 with f64 accumulation.
+    #[arg(long, default_value = "f64", value_parser = parse_precision)]
+    precision: Precision,
     /// Only generate / load the data and report its size (no fit).
     #[arg(long)]
     generate_only: bool,
@@ -432,6 +442,7 @@ fn run_fit(a: &FitArgs) -> Result<()> {
     opts.ci_level = a.ci_level;
     opts.threads = a.threads;
     opts.device = a.device;
+    opts.precision = a.precision;
     opts.check()?;
     for out in [
         &a.output,
@@ -777,6 +788,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.ci = CiMethod::None;
         opts.threads = Some(a.threads);
         opts.device = a.device;
+        opts.precision = a.precision;
         let cpu_before = bench::cpu_seconds();
         let keep = (a.cv_folds.is_some() || a.profile_covariate.is_some()).then(|| design.clone());
         let r = fit_owned(design, &opts)?;
@@ -798,6 +810,18 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
         out["nonzero"] = nonzero.into();
         out["status"] = r.status.name().into();
         out["device"] = r.device.clone().into();
+        if let Some(g) = &r.gpu {
+            // Estimated from the kernels' access pattern (no hardware counters); the fit time
+            // stops after the stream is synchronized.
+            let bytes = g.bytes_per_cycle as f64 * r.iterations as f64;
+            let bandwidth = bytes / fit_seconds.max(1e-12);
+            out["precision"] = a.precision.suffix().into();
+            out["gpu_design_bytes"] = g.design_bytes.into();
+            out["gpu_setup_seconds"] = g.setup_seconds.into();
+            out["gpu_bytes_per_cycle"] = g.bytes_per_cycle.into();
+            out["gpu_effective_bandwidth_gb_s"] = (bandwidth / 1e9).into();
+            out["gpu_bandwidth_fraction_of_4_3_tb_s"] = (bandwidth / 4.3e12).into();
+        }
         if let Some(note) = &r.device_note {
             eprintln!("{note}");
         }
@@ -907,6 +931,18 @@ fn print_bench_text(v: &serde_json::Value) {
     line("non-zero", num("nonzero").map(|x| format!("{x}")));
     line("status", f("status").as_str().map(String::from));
     line("device", f("device").as_str().map(String::from));
+    line(
+        "GPU traffic",
+        num("gpu_bytes_per_cycle").map(|b| {
+            format!(
+                "{:.1} MiB/cycle (estimated), {:.1} GB/s = {:.1}% of 4.3 TB/s, precision {}",
+                b / 1048576.0,
+                num("gpu_effective_bandwidth_gb_s").unwrap_or(0.0),
+                100.0 * num("gpu_bandwidth_fraction_of_4_3_tb_s").unwrap_or(0.0),
+                f("precision").as_str().unwrap_or("f64")
+            )
+        }),
+    );
     line(
         "CV",
         num("cv_seconds").map(|s| {

@@ -1,12 +1,23 @@
 //! Compute backends behind one entry point.
 //!
-//! The CPU backend ([`cpu`]) is complete on its own. A CUDA backend (kernels in `kernels/`,
-//! compiled at run time by NVRTC) is planned; until it lands, `device: auto` resolves to the CPU
-//! and says why, and `device: cuda` is a clear error.
+//! The CPU backend ([`cpu`]) is complete on its own. The CUDA backend (`cuda`, cargo feature
+//! `cuda`, on by default; kernels in `kernels/*.cu` compiled at run time by NVRTC) fits SCCS,
+//! Cox and Fine–Gray with every coordinate on the device. **It has not run on a GPU yet**: until
+//! `tests/integration/gpu_parity.rs` passes on one, `device: auto` uses the CPU even when a GPU is
+//! found, and says so; `device: cuda` runs the CUDA path (and is a clear error, naming why, where
+//! there is no usable GPU). Host layouts for the kernels are in [`layout`] (pure Rust, tested
+//! everywhere).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod layout;
 
 use crate::error::{Error, Result};
+use crate::model::ccd::{CcdOptions, CcdResult};
+use crate::model::design::DesignMatrix;
+use crate::model::prior::PriorSet;
+use crate::model::{ModelKind, Ties};
 
 /// The device a fit is asked to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,6 +29,59 @@ pub enum Device {
     Cpu,
     /// An NVIDIA GPU through CUDA; an error when none is usable.
     Cuda,
+}
+
+/// Storage precision of the design's values on the device; all sums are in f64 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// f64 values (the default).
+    #[default]
+    F64,
+    /// f32 values, f64 accumulation (half the memory traffic of the values).
+    F32,
+}
+
+impl Precision {
+    /// Parse `f64` (`double`) or `f32` (`float`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f64" | "double" => Ok(Precision::F64),
+            "f32" | "float" => Ok(Precision::F32),
+            other => Err(Error::option(
+                "precision",
+                format!("unknown `{other}`; expected f64 or f32"),
+            )),
+        }
+    }
+
+    /// Suffix of the kernels' entry points (`_f64`, `_f32`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Precision::F64 => "f64",
+            Precision::F32 => "f32",
+        }
+    }
+}
+
+/// Where a fit runs, after [`Device::resolve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// "cpu", or the GPU, e.g. "cuda:0 (NVIDIA H200, sm_90, 150 GB)".
+    pub name: String,
+    /// Why `auto` chose the CPU (None when it did not fall back).
+    pub note: Option<String>,
+    /// Whether the fit runs on the GPU.
+    pub gpu: bool,
+}
+
+impl Resolved {
+    fn cpu(note: Option<String>) -> Self {
+        Resolved {
+            name: "cpu".into(),
+            note,
+            gpu: false,
+        }
+    }
 }
 
 impl Device {
@@ -34,16 +98,162 @@ impl Device {
         }
     }
 
-    /// Resolve to a concrete device: `(name, note)` where `note` says why the CPU was chosen
-    /// under `auto`.
-    pub fn resolve(self) -> Result<(&'static str, Option<String>)> {
-        const WHY: &str = "this build of epifusion has no CUDA backend yet";
-        match self {
-            Device::Cpu => Ok(("cpu", None)),
-            Device::Auto => Ok(("cpu", Some(format!("device auto: using the CPU ({WHY})")))),
-            Device::Cuda => Err(Error::Device(format!(
-                "device `cuda` requested but {WHY}; use `cpu` or `auto`"
-            ))),
+    /// Resolve to a concrete device for fitting `kind` on `x`: `auto` takes a usable GPU when
+    /// the CUDA path is verified and has kernels for the model, else the CPU with a note saying
+    /// why; `cuda` is an error naming why when it cannot run.
+    pub fn resolve(self, kind: ModelKind, x: &DesignMatrix) -> Result<Resolved> {
+        if self == Device::Cpu {
+            return Ok(Resolved::cpu(None));
         }
+        let found = gpu().and_then(|name| match layout::unsupported(kind, x) {
+            Some(why) => Err(format!("{name} found, but {why}")),
+            None => Ok(name),
+        });
+        match (self, found) {
+            (Device::Cuda, Ok(name)) => Ok(Resolved {
+                name,
+                note: None,
+                gpu: true,
+            }),
+            (Device::Cuda, Err(why)) => Err(Error::Device(format!(
+                "device `cuda` requested but {why}; use `cpu` or `auto`"
+            ))),
+            (_, Ok(name)) if gpu_verified() => Ok(Resolved {
+                name,
+                note: None,
+                gpu: true,
+            }),
+            (_, Ok(name)) => Ok(Resolved::cpu(Some(format!(
+                "device auto: using the CPU ({name} found, but the CUDA kernels have not been \
+                 verified on a GPU yet; `device: cuda` runs them)"
+            )))),
+            (_, Err(why)) => Ok(Resolved::cpu(Some(format!(
+                "device auto: using the CPU ({why})"
+            )))),
+        }
+    }
+}
+
+/// The usable GPU's description, or why there is none.
+pub fn gpu() -> std::result::Result<String, String> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::probe()
+            .as_ref()
+            .map(|i| i.describe())
+            .map_err(Clone::clone)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("this build of epifusion has no CUDA backend (cargo feature `cuda` off)".into())
+    }
+}
+
+fn gpu_verified() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::GPU_VERIFIED
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+/// What a GPU fit reports beside its [`CcdResult`] (for `epifusion bench`).
+#[derive(Debug, Clone, Default)]
+pub struct GpuFitStats {
+    /// The device.
+    pub device: String,
+    /// Bytes of the design (CSC) on the device.
+    pub design_bytes: usize,
+    /// Estimated device-memory traffic of one cycle, bytes (from the kernels' access pattern).
+    pub bytes_per_cycle: u64,
+    /// Seconds to build the layouts and upload them (and compile the kernels on first use).
+    pub setup_seconds: f64,
+}
+
+/// Fit `kind` on `x` by CCD on the GPU from β = 0 (see [`crate::model::ccd::fit`] for the
+/// semantics). An error when the build or the machine has no usable GPU.
+pub fn gpu_fit(
+    kind: ModelKind,
+    ties: Ties,
+    x: &DesignMatrix,
+    priors: &PriorSet,
+    opts: &CcdOptions,
+    precision: Precision,
+) -> Result<(CcdResult, GpuFitStats)> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda::fit(kind, ties, x, priors, opts, precision)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (kind, ties, x, priors, opts, precision);
+        Err(Error::Device(gpu().unwrap_err()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::design::{DesignBuilder, OutcomeRecord};
+
+    fn tiny() -> DesignMatrix {
+        let mut b = DesignBuilder::new();
+        for i in 0..4 {
+            b.push_outcome(OutcomeRecord {
+                row_id: i,
+                time: Some(1.0 + i as f64),
+                y: (i % 2) as f64,
+                ..Default::default()
+            });
+            b.push_covariate(i, 1, 1.0);
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn cpu_needs_no_note() {
+        let r = Device::Cpu.resolve(ModelKind::Cox, &tiny()).unwrap();
+        assert_eq!(r, Resolved::cpu(None));
+    }
+
+    /// Without a GPU (CI, this machine): auto → CPU saying why, cuda → an error saying why.
+    /// With one: auto says the kernels are unverified (until `GPU_VERIFIED`), cuda resolves.
+    #[test]
+    fn auto_falls_back_and_cuda_errors_clearly() {
+        let x = tiny();
+        let auto = Device::Auto.resolve(ModelKind::Cox, &x).unwrap();
+        let cuda = Device::Cuda.resolve(ModelKind::Cox, &x);
+        match gpu() {
+            Err(why) => {
+                println!("no GPU here: {why}");
+                assert!(!auto.gpu);
+                let note = auto.note.unwrap();
+                assert!(note.starts_with("device auto: using the CPU (") && note.contains(&why));
+                let e = cuda.unwrap_err().to_string();
+                assert!(
+                    e.contains("device `cuda` requested but") && e.contains(&why),
+                    "{e}"
+                );
+            }
+            Ok(name) => {
+                println!("GPU here: {name}");
+                assert_eq!(auto.gpu, gpu_verified());
+                assert!(cuda.unwrap().gpu);
+            }
+        }
+        // A model with no kernel: auto always lands on the CPU; cuda is an error.
+        let auto = Device::Auto.resolve(ModelKind::Logistic, &x).unwrap();
+        assert!(!auto.gpu && auto.note.is_some());
+        assert!(Device::Cuda.resolve(ModelKind::Logistic, &x).is_err());
+    }
+
+    #[test]
+    fn precision_parses() {
+        assert_eq!(Precision::parse("F32").unwrap(), Precision::F32);
+        assert_eq!(Precision::parse("double").unwrap(), Precision::F64);
+        assert!(Precision::parse("f16").is_err());
     }
 }

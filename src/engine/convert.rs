@@ -1478,6 +1478,7 @@ mod tests {
             ci: CiMethod::Wald,
             device: "cpu".into(),
             device_note: None,
+            gpu: None,
             prior: crate::model::prior::Prior::None,
             cv: None,
             bootstrap: None,

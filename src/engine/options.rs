@@ -12,7 +12,8 @@
 //! | `max_iterations` | int | `1000` | full CCD cycles |
 //! | `ci` | string | `"profile"` | `profile`, `wald`, `bootstrap` (percentile intervals of every coefficient) or `none` |
 //! | `ci_level` | number | `0.95` | interval level |
-//! | `device` | string | `"auto"` | `auto`, `cpu` or `cuda` |
+//! | `device` | string | `"auto"` | `auto`, `cpu` or `cuda` (`auto` uses the CPU until the CUDA kernels are verified on a GPU; `cuda` without a usable GPU is an error) |
+//! | `precision` | string | `"f64"` | design storage on the GPU: `f64`, or `f32` with f64 accumulation |
 //! | `threads` | int | all cores | rayon threads |
 //! | `cv` | object or `true` | – | choose the prior variance by cross-validation (below) |
 //! | `bootstrap` | object or `true` | – | bootstrap the fit (below) |
@@ -35,7 +36,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::backend::Device;
+use crate::backend::{Device, Precision};
 use crate::error::{Error, Result};
 use crate::fit::{CiMethod, FitOptions, ProfileOptions};
 use crate::model::bootstrap::BootstrapOptions;
@@ -56,6 +57,7 @@ pub const FIT_OPTION_KEYS: &[&str] = &[
     "ci",
     "ci_level",
     "device",
+    "precision",
     "threads",
     "cv",
     "bootstrap",
@@ -218,6 +220,9 @@ pub fn parse_fit_options(model: ModelKind, json: &str) -> Result<FitOptions> {
     }
     if let Some(d) = get_str(&map, "device")? {
         opts.device = Device::parse(d)?;
+    }
+    if let Some(p) = get_str(&map, "precision")? {
+        opts.precision = Precision::parse(p)?;
     }
     if let Some(t) = get_usize(&map, "threads")? {
         opts.threads = Some(t);

@@ -52,7 +52,7 @@ fn at_zero(backend: Backend, data: &Survival, ties: Ties) -> (f64, f64) {
 // ---------------------------------------------------------------------------------------------
 // lung: Cox on age + sex, status 2 = dead.
 
-fn lung() -> Survival {
+pub(crate) fn lung() -> Survival {
     let t = Table::read("survival_lung.csv");
     let keep = t.complete(&["time", "status", "age", "sex"]);
     Survival {
@@ -265,7 +265,7 @@ fn rossi_laplace_kkt(backend: Backend) {
 // ---------------------------------------------------------------------------------------------
 // Therneau & Grambsch (2000) appendix E test data.
 
-fn test1() -> Survival {
+pub(crate) fn test1() -> Survival {
     let t = Table::read("therneau_test1.csv");
     let keep = vec![true; t.rows.len()];
     Survival {
@@ -338,7 +338,7 @@ fn therneau_test2_counting_efron(backend: Backend) {
     assert_ref("test2 efron I(β̂)", f.info[0], "1.581512");
 }
 
-fn test3() -> Survival {
+pub(crate) fn test3() -> Survival {
     let t = Table::read("therneau_test3_weighted.csv");
     let keep = vec![true; t.rows.len()];
     Survival {

@@ -140,7 +140,7 @@ fn engine_censoring_weights(time: &[f64], y: &[f64], stratum: &[u32], expected: 
 // ---------------------------------------------------------------------------------------------
 // cmprsk tests/test.R: crr(ftime, fstatus, cbind(cv1, cv2, cv3)), failcode 1, cencode 0.
 
-fn cmprsk_testdata() -> Survival {
+pub(crate) fn cmprsk_testdata() -> Survival {
     let t = Table::read("cr_cmprsk_testdata.csv");
     let keep = t.complete(&["ftime", "fstatus", "cv1", "cv2", "cv3"]);
     assert_eq!(keep.iter().filter(|&&k| !k).count(), 3, "3 cases omitted");

@@ -221,13 +221,23 @@ fn coef(f: &Fit, x: &DesignMatrix, id: i64) -> (f64, f64) {
     (f.beta[j], f.se[j])
 }
 
-#[test]
-fn amdat_matches_published_stata_and_r() {
-    let data = build(
+/// The `amdat` design (risk window 15–35 days as covariate 1000; age groups from day 548 as
+/// covariate 101). Also used by `gpu_parity`.
+pub(crate) fn amdat() -> DesignMatrix {
+    amdat_data().x
+}
+
+fn amdat_data() -> Sccs {
+    build(
         &cases("sccs_amdat.csv", "am"),
         &[(1000, 15, 35)],
         &[548], // groups 366–547 (reference) and 548–730
-    );
+    )
+}
+
+#[test]
+fn amdat_matches_published_stata_and_r() {
+    let data = amdat_data();
     assert_eq!(data.elementary_intervals, 38, "38 intervals (observations)");
     assert_eq!(data.x.n_strata(), 10, "10 groups");
     let x = &data.x;

@@ -6,6 +6,7 @@ mod golden_cox;
 mod golden_fine_gray;
 mod golden_sccs;
 mod golden_support;
+mod gpu_parity;
 mod oracle;
 mod selection;
 mod sql;
