@@ -7,4 +7,5 @@ mod golden_fine_gray;
 mod golden_sccs;
 mod golden_support;
 mod oracle;
+mod pipeline;
 mod sql;
