@@ -227,10 +227,31 @@ fn resolve_location(value: &str, base: &Path) -> String {
         return value.to_string();
     }
     let p = PathBuf::from(value);
-    if p.is_absolute() {
-        value.to_string()
+    let joined = if p.is_absolute() { p } else { base.join(p) };
+    normalize(&joined).display().to_string()
+}
+
+/// `a/b/../c` → `a/c` without touching the file system (object-store paths reject `..`).
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
+                    out.pop();
+                } else {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        PathBuf::from(".")
     } else {
-        base.join(p).display().to_string()
+        out
     }
 }
 
@@ -250,6 +271,11 @@ pub fn load(
         (None, None) => {
             return Err(source.error(0..0, "omop", "no source store: set `omop` or give --omop"))
         }
+    };
+    // A local store by its absolute path: the fingerprints do not depend on the working folder.
+    let omop = match std::fs::canonicalize(&omop) {
+        Ok(abs) if !omop.contains("://") => abs.display().to_string(),
+        _ => omop,
     };
     let output = match (output, &file.output) {
         (Some(o), _) => o.to_string(),
@@ -694,6 +720,16 @@ mod tests {
             fill_placeholders("{comparator}", &roles).unwrap_err(),
             "comparator"
         );
+    }
+
+    #[test]
+    fn locations_relative_to_the_file() {
+        let base = Path::new("pipelines");
+        assert_eq!(resolve_location("../data/gibleed", base), "data/gibleed");
+        assert_eq!(resolve_location("s3://b/x", base), "s3://b/x");
+        assert_eq!(resolve_location("/abs/x", base), "/abs/x");
+        assert_eq!(resolve_location("../../x", base), "../x");
+        assert_eq!(resolve_location("..", Path::new("")), "..");
     }
 
     #[test]

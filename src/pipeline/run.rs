@@ -170,13 +170,13 @@ pub fn versions() -> BTreeMap<String, String> {
 /// (year, month, day) of a day number since 1970-01-01 (proleptic Gregorian).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let era = (if z >= 0 { z } else { z - 146_096 }) / 146_097;
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
 }
@@ -287,10 +287,11 @@ pub async fn run(
     if opts.dry_run {
         let mut plan_rows = Vec::new();
         for (a, d) in p.analyses.iter().zip(&done) {
+            let stale = d.is_none() && has_stale_results(&out, a).await?;
             let action = match (d, opts.force) {
                 (Some((m, _)), false) => format!("skip (complete, run {})", m.run_id),
                 (Some(_), true) => "rerun (--force)".into(),
-                (None, _) if has_stale_results(&out, a).await? => "rerun (changed or incomplete)".into(),
+                (None, _) if stale => "rerun (changed or incomplete)".into(),
                 (None, _) => "run".into(),
             };
             let (rows, covs) = sizes(&ctx, p, a).await?;
