@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use super::PipelineError;
@@ -107,7 +107,7 @@ impl Output {
     fn path(&self, rel: &str) -> StorePath {
         rel.split('/')
             .filter(|p| !p.is_empty())
-            .fold(self.prefix.clone(), |p, part| p.child(part))
+            .fold(self.prefix.clone(), |p, part| p.join(part))
     }
 
     /// `rel` as a URL or path a person can open.

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use datafusion::arrow::array::Array;
 use datafusion::prelude::SessionContext;
 
 use super::spec::{self, ConceptSetSpec, DesignKind, PipelineFile, Source, ROLES};
