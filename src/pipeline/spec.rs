@@ -97,14 +97,19 @@ impl Source {
     /// Where `key = …` is written inside `within` (a table's span), for errors found in values
     /// kept as plain TOML; `within` itself when not found.
     pub fn key_span(&self, within: &Range<usize>, key: &str) -> Range<usize> {
-        let end = within.end.min(self.text.len());
-        let start = within.start.min(end);
-        // Tables defined by a `[header]` may be spanned from their first key only: look a little
-        // before the span too, but never past the previous header.
-        let mut from = start;
-        if let Some(h) = self.text[..start].rfind("\n[") {
-            from = h + 1;
-        }
+        let len = self.text.len();
+        let start = within.start.min(len);
+        // A table's span may be its `[header]` only, or start at its first key: search from the
+        // header (this one, or the one before the span) to the next header.
+        let from = if self.text[start..].starts_with('[') {
+            start
+        } else {
+            self.text[..start].rfind("\n[").map_or(0, |h| h + 1)
+        };
+        let next_header = self.text[(from + 1).min(len)..]
+            .find("\n[")
+            .map_or(len, |i| from + 1 + i);
+        let end = within.end.min(len).max(next_header);
         let mut offset = from;
         for line in self.text[from..end].split_inclusive('\n') {
             let trimmed = line.trim_start();
