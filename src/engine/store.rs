@@ -40,7 +40,11 @@ impl EnvObjectStoreRegistry {
 /// The retry policy of every cloud store (see the module docs): bounded in count and in total
 /// time, so that a server that went away gives a clear error instead of a hang.
 pub fn retry_config() -> RetryConfig {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<f64>().ok());
+    let env = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
     let max_retries = env("EPIFUSION_RETRY_MAX").map_or(10, |v| v.max(0.0) as usize);
     let timeout = env("EPIFUSION_RETRY_TIMEOUT_S").map_or(60.0, |v| v.max(0.0));
     RetryConfig {

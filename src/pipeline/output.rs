@@ -94,8 +94,8 @@ impl Output {
         let store = crate::engine::store::store_from_env(&url)
             .map_err(|e| store_err(location, "cannot open the store", e))?
             .ok_or_else(|| store_err(location, "unsupported URL scheme", url.scheme()))?;
-        let prefix = StorePath::from_url_path(url.path())
-            .map_err(|e| store_err(location, "bad path", e))?;
+        let prefix =
+            StorePath::from_url_path(url.path()).map_err(|e| store_err(location, "bad path", e))?;
         Ok(Output {
             location: location.trim_end_matches('/').to_string(),
             store,
@@ -190,8 +190,22 @@ impl Output {
     /// Delete `rel` (missing objects are fine).
     pub async fn delete(&self, rel: &str) -> Result<(), PipelineError> {
         match self.store.delete(&self.path(rel)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(store_err(&self.location, &format!("cannot delete {rel}"), e)),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                // Local folders: drop the folder once empty (object stores have none).
+                if let Some(parent) = self
+                    .local_dir
+                    .as_ref()
+                    .and_then(|d| d.join(rel).parent().map(|p| p.to_path_buf()))
+                {
+                    let _ = std::fs::remove_dir(parent);
+                }
+                Ok(())
+            }
+            Err(e) => Err(store_err(
+                &self.location,
+                &format!("cannot delete {rel}"),
+                e,
+            )),
         }
     }
 
@@ -234,7 +248,10 @@ mod tests {
         wrong.size = 4;
         assert!(!out.verify(&wrong).await.unwrap());
         assert_eq!(out.list("a").await.unwrap(), vec!["a/b/x.bin".to_string()]);
-        assert_eq!(out.get("a/b/x.bin").await.unwrap().unwrap().as_ref(), &[1, 2, 3]);
+        assert_eq!(
+            out.get("a/b/x.bin").await.unwrap().unwrap().as_ref(),
+            &[1, 2, 3]
+        );
         assert_eq!(out.get("nope").await.unwrap(), None);
         out.delete("a/b/x.bin").await.unwrap();
         assert!(!out.verify(&r).await.unwrap());

@@ -363,20 +363,21 @@ fn expand(
                     src.error(a.design.span(), "design", "missing [analysis.sql]")
                 })?;
                 let fill = |key: &str, s: &toml::Spanned<String>| {
-                    fill_placeholders(s.get_ref(), &roles).map(|value| Located {
-                        value,
-                        span: s.span(),
-                        key: format!("analysis `{name}`: sql.{key}"),
-                    })
-                    .map_err(|role| {
-                        src.error(
-                            s.span(),
-                            format!("analysis `{name}`: sql.{key}"),
-                            format!(
-                                "uses {{{role}}} but the analysis lists no {role} concept sets"
-                            ),
-                        )
-                    })
+                    fill_placeholders(s.get_ref(), &roles)
+                        .map(|value| Located {
+                            value,
+                            span: s.span(),
+                            key: format!("analysis `{name}`: sql.{key}"),
+                        })
+                        .map_err(|role| {
+                            src.error(
+                                s.span(),
+                                format!("analysis `{name}`: sql.{key}"),
+                                format!(
+                                    "uses {{{role}}} but the analysis lists no {role} concept sets"
+                                ),
+                            )
+                        })
                 };
                 let opt = |key: &str, s: &Option<toml::Spanned<String>>| {
                     s.as_ref().map(|s| fill(key, s)).transpose()
@@ -679,7 +680,9 @@ pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), Pipel
                 ctx.state()
                     .create_logical_plan(&query.value)
                     .await
-                    .map_err(|e| src.error(query.span.clone(), query.key.clone(), df_message(&e)))?;
+                    .map_err(|e| {
+                        src.error(query.span.clone(), query.key.clone(), df_message(&e))
+                    })?;
             }
         }
     }
@@ -711,10 +714,16 @@ mod tests {
 
     #[test]
     fn placeholders() {
-        let roles = vec![("target", "cel".to_string()), ("outcome", "gib".to_string())];
+        let roles = vec![
+            ("target", "cel".to_string()),
+            ("outcome", "gib".to_string()),
+        ];
         assert_eq!(
-            fill_placeholders("SELECT * FROM {target} JOIN {outcome} WHERE x = '{a}'", &roles)
-                .unwrap(),
+            fill_placeholders(
+                "SELECT * FROM {target} JOIN {outcome} WHERE x = '{a}'",
+                &roles
+            )
+            .unwrap(),
             "SELECT * FROM cel JOIN gib WHERE x = '{a}'"
         );
         assert_eq!(

@@ -17,10 +17,8 @@ impl Progress {
     /// A progress display over `total` analyses (a bar only when stderr is a terminal).
     pub fn new(total: usize) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(
-                Some(total as u64),
-                ProgressDrawTarget::stderr(),
-            );
+            let bar =
+                ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
             bar.set_style(
                 ProgressStyle::with_template(
                     "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",

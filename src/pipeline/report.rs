@@ -88,12 +88,7 @@ pub fn fmt_ratio(x: f64) -> String {
 
 fn interval_text(r: &ForestRow) -> String {
     match (r.lower, r.upper) {
-        (Some(l), Some(u)) => format!(
-            "{} ({}–{})",
-            fmt_ratio(r.ratio),
-            fmt_ratio(l),
-            fmt_ratio(u)
-        ),
+        (Some(l), Some(u)) => format!("{} ({}–{})", fmt_ratio(r.ratio), fmt_ratio(l), fmt_ratio(u)),
         _ => format!("{} (no interval)", fmt_ratio(r.ratio)),
     }
 }
@@ -140,7 +135,9 @@ pub fn forest_svg(rows: &[ForestRow]) -> String {
         r##"<line class="axis" x1="{LABEL_W}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##,
         LABEL_W + PLOT_W
     );
-    for t in [0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 100.0, 1000.0] {
+    for t in [
+        0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 100.0, 1000.0,
+    ] {
         if t < lo || t > hi {
             continue;
         }
@@ -309,12 +306,7 @@ h2 {{ border-bottom: 1px solid #ccc; }}
     }
     s.push_str("<h2 id=\"metadata\">Run metadata</h2>\n<table class=\"meta\"><tbody>");
     for (k, v) in &r.metadata {
-        let _ = write!(
-            s,
-            "<tr><td>{}</td><td>{}</td></tr>",
-            escape(k),
-            escape(v)
-        );
+        let _ = write!(s, "<tr><td>{}</td><td>{}</td></tr>", escape(k), escape(v));
     }
     s.push_str("</tbody></table>\n</body></html>\n");
     s

@@ -155,7 +155,10 @@ pub struct RunSummary {
 /// Software versions recorded with the results.
 pub fn versions() -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("epifusion".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        (
+            "epifusion".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
         (
             "datafusion".to_string(),
             datafusion::DATAFUSION_VERSION.to_string(),
@@ -373,10 +376,9 @@ pub async fn run(
         progress.advance();
         if let Some(ms) = pause {
             progress.log(&format!("{tag}: pausing {ms} ms (EPIFUSION_TEST_PAUSE_MS)"));
-            let _ = tokio::task::spawn_blocking(move || {
-                std::thread::sleep(Duration::from_millis(ms))
-            })
-            .await;
+            let _ =
+                tokio::task::spawn_blocking(move || std::thread::sleep(Duration::from_millis(ms)))
+                    .await;
         }
     }
     if !failures.is_empty() {
@@ -481,7 +483,11 @@ async fn run_unit(
             .and_then(|c| ScalarValue::try_from_array(&c, 0).ok())
             .unwrap_or(ScalarValue::Null)
     };
-    let (status, iterations, ll) = (first("status"), first("iterations"), first("log_likelihood"));
+    let (status, iterations, ll) = (
+        first("status"),
+        first("iterations"),
+        first("log_likelihood"),
+    );
     let mut diag = vec![
         ("analysis_id", utf8(&a.id)),
         ("model", utf8(a.model.name())),
@@ -594,7 +600,10 @@ fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
 }
 
 /// `batches` with `columns` (one value each, repeated) put in front.
-fn prepend(batches: &[RecordBatch], columns: &[(&str, Option<String>)]) -> DfResult<Vec<RecordBatch>> {
+fn prepend(
+    batches: &[RecordBatch],
+    columns: &[(&str, Option<String>)],
+) -> DfResult<Vec<RecordBatch>> {
     batches
         .iter()
         .map(|b| {
@@ -759,7 +768,10 @@ async fn fit_registered(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> 
         vec![one_row(&[
             ("step", ScalarValue::Int64(Some(1))),
             ("description", utf8("outcome rows")),
-            ("rows", ScalarValue::Int64(Some(rows_of(&t.outcomes) as i64))),
+            (
+                "rows",
+                ScalarValue::Int64(Some(rows_of(&t.outcomes) as i64)),
+            ),
         ])?]
     } else {
         t.attrition.clone()
@@ -790,7 +802,12 @@ async fn fit_registered(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> 
                     .flatten()
             })
             .collect();
-        let mut fields: Vec<Field> = b.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
         fields.push(Field::new("covariate_name", DataType::Utf8, true));
         let mut cols = b.columns().to_vec();
         cols.push(Arc::new(name));
@@ -861,7 +878,9 @@ async fn build_report(
             }
         };
         let estimates = read("estimates").await?;
-        report.forest.extend(forest_rows(a, &estimates).map_err(|e| analysis_err(a, e))?);
+        report
+            .forest
+            .extend(forest_rows(a, &estimates).map_err(|e| analysis_err(a, e))?);
         report.analyses.push(ReportAnalysis {
             id: a.id.clone(),
             description: a.description.clone(),

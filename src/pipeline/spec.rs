@@ -305,11 +305,23 @@ pub struct CvSpec {
 pub fn parse(source: &Source) -> Result<PipelineFile, PipelineError> {
     toml::from_str(&source.text).map_err(|e| {
         let (line, column) = e.span().map_or((0, 0), |s| source.line_col(s.start));
+        let mut message = e.message().trim().to_string();
+        // Type errors point at the value: name the key written on that line.
+        if let Some(key) = source
+            .text
+            .lines()
+            .nth(line.saturating_sub(1))
+            .and_then(|l| l.split_once('='))
+            .map(|(k, _)| k.trim())
+            .filter(|k| !k.is_empty() && !k.starts_with('[') && !message.contains(*k))
+        {
+            message = format!("`{key}`: {message}");
+        }
         PipelineError::Parse {
             file: source.name.clone(),
             line,
             column,
-            message: e.message().trim().to_string(),
+            message,
         }
     })
 }
@@ -348,19 +360,14 @@ pub fn is_identifier(s: &str) -> bool {
 pub fn is_analysis_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 100
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Checks that need no data: names, references, design sub-tables, model and fit options.
 pub fn check(file: &PipelineFile, src: &Source) -> Result<(), PipelineError> {
     if file.analyses.is_empty() {
-        return Err(src.error(
-            0..0,
-            "analysis",
-            "the pipeline has no [[analysis]] table",
-        ));
+        return Err(src.error(0..0, "analysis", "the pipeline has no [[analysis]] table"));
     }
     for (name, set) in &file.concept_sets {
         let span = set.span();
@@ -443,7 +450,11 @@ pub fn check(file: &PipelineFile, src: &Source) -> Result<(), PipelineError> {
     Ok(())
 }
 
-fn check_analysis(a: &AnalysisSpec, file: &PipelineFile, src: &Source) -> Result<(), PipelineError> {
+fn check_analysis(
+    a: &AnalysisSpec,
+    file: &PipelineFile,
+    src: &Source,
+) -> Result<(), PipelineError> {
     let name = a.name.get_ref();
     let at = |key: &str| format!("analysis `{name}`: {key}");
     let design = *a.design.get_ref();
@@ -490,7 +501,11 @@ fn check_analysis(a: &AnalysisSpec, file: &PipelineFile, src: &Source) -> Result
             return Err(src.error(
                 a.model.as_ref().map_or(a.design.span(), |m| m.span()),
                 at("model"),
-                format!("model `{}` does not go with design `{}`", m.name(), d.name()),
+                format!(
+                    "model `{}` does not go with design `{}`",
+                    m.name(),
+                    d.name()
+                ),
             ))
         }
     }
@@ -526,8 +541,13 @@ fn check_analysis(a: &AnalysisSpec, file: &PipelineFile, src: &Source) -> Result
 pub fn model_of(a: &AnalysisSpec, src: &Source) -> Result<ModelKind, PipelineError> {
     let name = a.name.get_ref();
     match (&a.model, a.design.get_ref()) {
-        (Some(m), _) => ModelKind::parse(m.get_ref())
-            .map_err(|e| src.error(m.span(), format!("analysis `{name}`: model"), strip_option(&e))),
+        (Some(m), _) => ModelKind::parse(m.get_ref()).map_err(|e| {
+            src.error(
+                m.span(),
+                format!("analysis `{name}`: model"),
+                strip_option(&e),
+            )
+        }),
         (None, DesignKind::Sccs) => Ok(ModelKind::ConditionalPoisson),
         (None, _) => Err(src.error(
             a.name.span(),
@@ -603,7 +623,9 @@ pub fn fit_options_json(
         if c.max_steps.is_some_and(|m| m < 3) {
             return bad("max_steps", "must be ≥ 3");
         }
-        if c.start_variance.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+        if c.start_variance
+            .is_some_and(|v| !(v.is_finite() && v > 0.0))
+        {
             return bad("start_variance", "must be a finite number > 0");
         }
         if let Some(g) = &c.grid {
@@ -621,9 +643,8 @@ pub fn fit_options_json(
                 "cross-validation needs the `cv` fit option (issue #6), which this build lacks",
             ));
         }
-        let value = serde_json::to_value(c).map_err(|e| {
-            src.error(cv.span(), format!("analysis `{name}`: cv"), e.to_string())
-        })?;
+        let value = serde_json::to_value(c)
+            .map_err(|e| src.error(cv.span(), format!("analysis `{name}`: cv"), e.to_string()))?;
         map.insert("cv".into(), value);
     }
     Ok(serde_json::Value::Object(map))
@@ -684,7 +705,10 @@ ci = "wald"
         let e = err(&OK.replace("descendants = true", "descendants = \"yes\""));
         assert!(e.contains("p.toml:7:") && e.contains("bool"), "{e}");
         let e = err(&OK.replace("design = \"sql\"", "design = \"case_control\""));
-        assert!(e.contains("p.toml:11:") && e.contains("case_control"), "{e}");
+        assert!(
+            e.contains("p.toml:11:") && e.contains("case_control"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -699,7 +723,10 @@ ci = "wald"
         assert!(e.contains("p.toml:12:") && e.contains("coxx"), "{e}");
         let e = err(&OK.replace("[analysis.sql]", "[analysis.sccs]\n[analysis.sql]"));
         assert!(e.contains("sccs"), "{e}");
-        let e = err(&OK.replace("[concept_sets.drug]\nconcepts = [1]", "[concept_sets.drug]\ncohort = 1\nconcepts = [1]"));
+        let e = err(&OK.replace(
+            "[concept_sets.drug]\nconcepts = [1]",
+            "[concept_sets.drug]\ncohort = 1\nconcepts = [1]",
+        ));
         assert!(e.contains("p.toml:3:") && e.contains("exactly one"), "{e}");
         let e = err(&format!("{OK}\n[[analysis]]\nname = \"a\"\ndesign = \"sql\"\nmodel = \"cox\"\n[analysis.sql]\noutcomes = \"x\"\n"));
         assert!(e.contains("p.toml:21:") && e.contains("line 10"), "{e}");

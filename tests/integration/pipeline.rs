@@ -311,11 +311,17 @@ fn a_failed_analysis_or_a_killed_run_leaves_nothing_that_looks_complete() {
     let out = dir.join("out");
     // The second analysis has an impossible time: the run is incomplete, the first analysis is
     // complete, there is no run manifest.
-    let bad = small_pipeline(&dir, "SELECT person_id AS row_id, -1.0 AS time, 1 AS y FROM person");
+    let bad = small_pipeline(
+        &dir,
+        "SELECT person_id AS row_id, -1.0 AS time, 1 AS y FROM person",
+    );
     let o = epifusion(&["run", &bad], &[]);
     let (_, e) = text(&o);
     assert!(!o.status.success());
-    assert!(e.contains("1 of 2 analyses failed") && e.contains("second"), "{e}");
+    assert!(
+        e.contains("1 of 2 analyses failed") && e.contains("second"),
+        "{e}"
+    );
     assert!(out.join("analyses/first/manifest.json").exists());
     assert!(!out.join("analyses/second/manifest.json").exists());
     assert!(!out.join("manifest.json").exists());
@@ -491,7 +497,11 @@ document.getElementById('f').addEventListener('load', function () {
         assert!(r["inside"].as_bool().unwrap(), "{r}");
         assert!(r["w"].as_f64().unwrap() > 0.0, "{r}");
         let (x, ratio) = (r["x"].as_f64().unwrap(), r["ratio"].as_f64().unwrap());
-        assert_eq!(x > reference, ratio > 1.0, "{r} vs reference at {reference}");
+        assert_eq!(
+            x > reference,
+            ratio > 1.0,
+            "{r} vs reference at {reference}"
+        );
         if let Some(ci) = r["ci"].as_array() {
             let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
             assert!(lo <= x + 0.5 && x <= hi + 0.5, "{r}");
@@ -627,15 +637,24 @@ fn s3_output_survives_the_server_going_away_and_the_rerun_completes() {
         log.contains("output s3://results/study") && log.contains("cannot write"),
         "{log}"
     );
-    assert!(log.contains("not complete") && log.contains("rerun"), "{log}");
+    assert!(
+        log.contains("not complete") && log.contains("rerun"),
+        "{log}"
+    );
     // What the server kept: the first analysis complete, nothing of the second, no run manifest.
     let keys = list_keys(moto.port, "results", "study/");
     assert!(
         keys.contains(&"study/analyses/first/manifest.json".to_string()),
         "{keys:?}"
     );
-    assert!(!keys.iter().any(|k| k.starts_with("study/analyses/second/")), "{keys:?}");
-    assert!(!keys.contains(&"study/manifest.json".to_string()), "{keys:?}");
+    assert!(
+        !keys.iter().any(|k| k.starts_with("study/analyses/second/")),
+        "{keys:?}"
+    );
+    assert!(
+        !keys.contains(&"study/manifest.json".to_string()),
+        "{keys:?}"
+    );
 
     // The server is back: the rerun skips the complete analysis and completes the run.
     let _proxy = Proxy::start(port, moto.port);
@@ -645,7 +664,10 @@ fn s3_output_survives_the_server_going_away_and_the_rerun_completes() {
         "{stdout}"
     );
     let keys = list_keys(moto.port, "results", "study/");
-    assert!(keys.contains(&"study/manifest.json".to_string()), "{keys:?}");
+    assert!(
+        keys.contains(&"study/manifest.json".to_string()),
+        "{keys:?}"
+    );
     assert!(keys.contains(&"study/report.html".to_string()), "{keys:?}");
     assert!(
         keys.iter()
