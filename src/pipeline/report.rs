@@ -97,10 +97,16 @@ fn interval_text(r: &ForestRow) -> String {
 pub fn forest_svg(rows: &[ForestRow]) -> String {
     const ROW: f64 = 26.0;
     const TOP: f64 = 30.0;
-    const LABEL_W: f64 = 380.0;
     const PLOT_W: f64 = 360.0;
     const TEXT_W: f64 = 200.0;
-    let width = LABEL_W + PLOT_W + TEXT_W;
+    // Room for the longest label (12 px sans-serif: at most ~7 px per character).
+    let longest = rows
+        .iter()
+        .map(|r| r.analysis.chars().count() + r.label.chars().count() + 3)
+        .max()
+        .unwrap_or(0);
+    let label_w = (longest as f64 * 7.0 + 16.0).max(200.0);
+    let width = label_w + PLOT_W + TEXT_W;
     let height = TOP + ROW * rows.len().max(1) as f64 + 50.0;
     let finite = |x: f64| x.is_finite() && x > 0.0;
     let values = rows
@@ -117,7 +123,7 @@ pub fn forest_svg(rows: &[ForestRow]) -> String {
     let (llo, lhi) = (lo.ln(), hi.ln());
     let x = |v: f64| {
         let v = v.clamp(lo, hi);
-        LABEL_W + (v.ln() - llo) / (lhi - llo) * PLOT_W
+        label_w + (v.ln() - llo) / (lhi - llo) * PLOT_W
     };
     let mut s = String::new();
     let _ = write!(
@@ -126,14 +132,15 @@ pub fn forest_svg(rows: &[ForestRow]) -> String {
     );
     let _ = write!(
         s,
-        r##"<text x="{LABEL_W}" y="18" class="axis-title" font-size="13" font-weight="bold">Estimate (ratio, log scale) with 95% interval</text>"##
+        r##"<text x="{label_w}" y="18" class="axis-title" font-size="13" font-weight="bold">Estimate (ratio, log scale) with 95% interval</text>"##
     );
     let bottom = TOP + ROW * rows.len().max(1) as f64;
     // Axis with ticks.
     let _ = write!(
         s,
-        r##"<line class="axis" x1="{LABEL_W}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##,
-        LABEL_W + PLOT_W
+        r##"<rect class="plot-area" x="{label_w}" y="{TOP}" width="{PLOT_W}" height="{}" fill="none"/><line class="axis" x1="{label_w}" y1="{bottom}" x2="{}" y2="{bottom}" stroke="#333"/>"##,
+        bottom - TOP,
+        label_w + PLOT_W
     );
     for t in [
         0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 100.0, 1000.0,
@@ -158,7 +165,7 @@ pub fn forest_svg(rows: &[ForestRow]) -> String {
     if rows.is_empty() {
         let _ = write!(
             s,
-            r#"<text x="{LABEL_W}" y="{}" font-size="12">No estimates to plot.</text>"#,
+            r#"<text x="{label_w}" y="{}" font-size="12">No estimates to plot.</text>"#,
             TOP + 16.0
         );
     }
@@ -196,7 +203,7 @@ pub fn forest_svg(rows: &[ForestRow]) -> String {
         let _ = write!(
             s,
             r#"<text class="value" x="{:.1}" y="{:.1}" font-size="12">{}</text></g>"#,
-            LABEL_W + PLOT_W + 10.0,
+            label_w + PLOT_W + 10.0,
             cy + 4.0,
             escape(&interval_text(r))
         );

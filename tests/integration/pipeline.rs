@@ -426,14 +426,19 @@ document.getElementById('f').addEventListener('load', function () {
     out.svg = {w: sb.width, h: sb.height};
     var ref = d.querySelector('line.reference').getBoundingClientRect();
     out.reference = ref.x + ref.width / 2 - sb.x;
+    var plot = d.querySelector('rect.plot-area').getBoundingClientRect();
     out.rows = Array.from(d.querySelectorAll('g.forest-row')).map(function (g) {
       var m = g.querySelector('rect.estimate').getBoundingClientRect();
+      var lb = g.querySelector('text.label').getBoundingClientRect();
+      var vb = g.querySelector('text.value').getBoundingClientRect();
       var ci = g.querySelector('line.ci');
       var c = ci ? ci.getBoundingClientRect() : null;
       return {analysis: g.getAttribute('data-analysis'), ratio: parseFloat(g.getAttribute('data-ratio')),
               x: m.x + m.width / 2 - sb.x, w: m.width, h: m.height,
               inside: m.x >= sb.x && m.right <= sb.right && m.y >= sb.y && m.bottom <= sb.bottom,
               ci: c ? [c.x - sb.x, c.right - sb.x] : null,
+              labelClear: lb.right <= plot.left && lb.width > 0,
+              valueClear: vb.left >= plot.right && vb.right <= sb.right,
               label: g.querySelector('text.label').textContent,
               value: g.querySelector('text.value').textContent};
     });
@@ -495,6 +500,9 @@ document.getElementById('f').addEventListener('load', function () {
     let reference = v["reference"].as_f64().unwrap();
     for r in rows {
         assert!(r["inside"].as_bool().unwrap(), "{r}");
+        // Labels and values do not run into the plot (or out of the picture).
+        assert!(r["labelClear"].as_bool().unwrap(), "{r}");
+        assert!(r["valueClear"].as_bool().unwrap(), "{r}");
         assert!(r["w"].as_f64().unwrap() > 0.0, "{r}");
         let (x, ratio) = (r["x"].as_f64().unwrap(), r["ratio"].as_f64().unwrap());
         assert_eq!(
