@@ -148,7 +148,7 @@ impl SqlQueries {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Design {
     /// SQL queries.
-    Sql(SqlQueries),
+    Sql(Box<SqlQueries>),
     /// `[analysis.sccs]` settings, for the study module's `SccsDesign` (issue #4).
     Sccs(toml::Table),
     /// `[analysis.cohort]` settings, for the study module's `CohortDesign` (issue #4).
@@ -382,13 +382,13 @@ fn expand(
                 let opt = |key: &str, s: &Option<toml::Spanned<String>>| {
                     s.as_ref().map(|s| fill(key, s)).transpose()
                 };
-                Design::Sql(SqlQueries {
+                Design::Sql(Box::new(SqlQueries {
                     setup: opt("setup", &q.setup)?,
                     outcomes: fill("outcomes", &q.outcomes)?,
                     covariates: opt("covariates", &q.covariates)?,
                     attrition: opt("attrition", &q.attrition)?,
                     covariate_ref: opt("covariate_ref", &q.covariate_ref)?,
-                })
+                }))
             }
             DesignKind::Sccs => Design::Sccs(
                 a.sccs
