@@ -5,7 +5,8 @@
 //! Poisson and conditional logistic regression) fitted by cyclic coordinate descent.
 //!
 //! Layers (one direction of dependency): [`model`] (pure numerics) → [`backend`] (CPU, later
-//! CUDA) → [`engine`] (Arrow / Parquet / CSV glue) → the `epifusion` CLI.
+//! CUDA) → [`engine`] (Arrow / Parquet / CSV glue) → [`pipeline`] (study files run by
+//! `epifusion run`) → the `epifusion` CLI.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -14,5 +15,6 @@ pub mod engine;
 pub mod error;
 pub mod fit;
 pub mod model;
+pub mod pipeline;
 
 pub use error::{Error, Result};

@@ -43,6 +43,27 @@ enum Command {
     /// Time the study-design builders (SCCS intervals, a Cox risk set) on a seeded synthetic
     /// OMOP store.
     BenchOmop(BenchOmopArgs),
+    /// Run a pipeline file: validate, fit every analysis, write Parquet results, manifests and
+    /// an HTML report (resumable: complete analyses are skipped).
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Pipeline file (TOML), e.g. pipelines/gibleed.toml.
+    file: PathBuf,
+    /// OMOP store (folder or URL), overriding the file's `omop`.
+    #[arg(long)]
+    omop: Option<String>,
+    /// Output folder or URL, overriding the file's `output`.
+    #[arg(long)]
+    output: Option<String>,
+    /// Validate and print the plan (analyses, sizes, what would run); write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Recompute analyses that are already complete.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -319,6 +340,7 @@ fn main() {
         Command::Sql(a) => run_sql_command(&a),
         Command::Import(a) => run_import(&a),
         Command::BenchOmop(a) => run_bench_omop(&a),
+        Command::Run(a) => run_pipeline(&a),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
@@ -375,6 +397,59 @@ fn run_import(a: &ImportArgs) -> Result<()> {
         eprintln!("imported {} tables into {}", written.len(), a.destination);
         Ok::<(), anyhow::Error>(())
     })
+}
+
+fn run_pipeline(a: &RunArgs) -> Result<()> {
+    use epifusion::pipeline::{plan, progress::Progress, run};
+    let pipeline = plan::load(&a.file, a.omop.as_deref(), a.output.as_deref())?;
+    let opts = run::RunOptions {
+        dry_run: a.dry_run,
+        force: a.force,
+    };
+    let progress = Progress::new(pipeline.analyses.len());
+    let rt = runtime()?;
+    let summary = rt.block_on(run::run(&pipeline, opts, &progress))?;
+    if a.dry_run {
+        println!(
+            "pipeline {} ({}): OMOP {} → {}",
+            pipeline.name,
+            a.file.display(),
+            pipeline.omop,
+            pipeline.output
+        );
+        println!(
+            "{:<48} {:<7} {:<10} {:>12} {:>12}  action",
+            "analysis", "design", "model", "outcome rows", "covariates"
+        );
+        let n = |v: Option<usize>| v.map_or("–".to_string(), |v| v.to_string());
+        for r in &summary.plan {
+            println!(
+                "{:<48} {:<7} {:<10} {:>12} {:>12}  {}",
+                r.id,
+                r.design,
+                r.model,
+                n(r.outcome_rows),
+                n(r.covariate_entries),
+                r.action
+            );
+        }
+        println!("dry run: valid; nothing was written");
+        return Ok(());
+    }
+    println!(
+        "run {} complete: {} analyses ({} computed, {} skipped as complete)",
+        summary.run_id,
+        summary.computed.len() + summary.skipped.len(),
+        summary.computed.len(),
+        summary.skipped.len()
+    );
+    if let Some(m) = &summary.manifest {
+        println!("manifest: {m}");
+    }
+    if let Some(r) = &summary.report {
+        println!("report: {r}");
+    }
+    Ok(())
 }
 
 fn needs_time(model: ModelKind) -> bool {

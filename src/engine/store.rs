@@ -8,7 +8,10 @@
 //! | `az://container` | `MicrosoftAzureBuilder::from_env` | `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY`, … |
 //! | `http(s)://host` | `HttpBuilder` | – |
 //!
-//! Transient errors are retried by `object_store`'s default retry policy.
+//! Transient errors (connection failures, timeouts, 5xx, throttling) are retried with
+//! exponential backoff (100 ms, doubling, at most 5 s apart) up to `EPIFUSION_RETRY_MAX`
+//! retries [10] within `EPIFUSION_RETRY_TIMEOUT_S` seconds [60] of the first attempt; then the
+//! request fails with an error that names the retries made. See [`retry_config`].
 
 use std::sync::Arc;
 
@@ -18,7 +21,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
-use object_store::{ClientOptions, ObjectStore};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 use url::Url;
 
 /// A registry that creates cloud object stores lazily from the environment.
@@ -34,12 +37,35 @@ impl EnvObjectStoreRegistry {
     }
 }
 
+/// The retry policy of every cloud store (see the module docs): bounded in count and in total
+/// time, so that a server that went away gives a clear error instead of a hang.
+pub fn retry_config() -> RetryConfig {
+    let env = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let max_retries = env("EPIFUSION_RETRY_MAX").map_or(10, |v| v.max(0.0) as usize);
+    let timeout = env("EPIFUSION_RETRY_TIMEOUT_S").map_or(60.0, |v| v.max(0.0));
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(100),
+            max_backoff: std::time::Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries,
+        retry_timeout: std::time::Duration::from_secs_f64(timeout),
+    }
+}
+
 /// Build the object store for `url` from the environment (`None` for local paths).
 pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
     let bucket = url.host_str().unwrap_or_default();
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         "s3" | "s3a" => {
-            let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry_config());
             if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
             {
                 b = b.with_region("us-east-1");
@@ -61,12 +87,14 @@ pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
         "gs" => Arc::new(
             GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
+                .with_retry(retry_config())
                 .build()
                 .map_err(|e| exec_datafusion_err!("gs://{bucket}: {e}"))?,
         ),
         "az" | "abfs" | "abfss" | "azure" => Arc::new(
             MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
+                .with_retry(retry_config())
                 .build()
                 .map_err(|e| exec_datafusion_err!("{url}: {e}"))?,
         ),
@@ -75,6 +103,7 @@ pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
             Arc::new(
                 HttpBuilder::new()
                     .with_url(base.clone())
+                    .with_retry(retry_config())
                     .with_client_options(ClientOptions::new().with_allow_http(true))
                     .build()
                     .map_err(|e| exec_datafusion_err!("{base}: {e}"))?,

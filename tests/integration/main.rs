@@ -8,6 +8,7 @@ mod golden_sccs;
 mod golden_support;
 mod gpu_parity;
 mod oracle;
+mod pipeline;
 mod selection;
 mod sql;
 mod study;

@@ -128,9 +128,11 @@ fn output_file_formats() {
 // ---------------------------------------------------------------------------------------------
 // S3 through a local moto server.
 
-struct Moto {
+/// A local moto S3 server (killed on drop).
+pub struct Moto {
     child: Child,
-    port: u16,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
 }
 
 impl Drop for Moto {
@@ -140,7 +142,7 @@ impl Drop for Moto {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -148,7 +150,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_moto() -> Option<Moto> {
+pub fn start_moto() -> Option<Moto> {
     let port = free_port();
     let child = match Command::new("moto_server")
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
@@ -177,7 +179,7 @@ fn start_moto() -> Option<Moto> {
     Some(moto)
 }
 
-fn create_bucket(port: u16, bucket: &str) {
+pub fn create_bucket(port: u16, bucket: &str) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(s, "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
     let mut resp = String::new();
@@ -185,7 +187,7 @@ fn create_bucket(port: u16, bucket: &str) {
     assert!(resp.starts_with("HTTP/1.1 200"), "create bucket: {resp}");
 }
 
-fn s3_env(port: u16) -> Vec<(&'static str, String)> {
+pub fn s3_env(port: u16) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ACCESS_KEY_ID", "testing".into()),
         ("AWS_SECRET_ACCESS_KEY", "testing".into()),
