@@ -929,7 +929,7 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
             o.exclude = vec![id];
             o.ci = CiMethod::None;
             let t = Instant::now();
-            let plain = epifusion::fit::fit(design, &o)?;
+            epifusion::fit::fit(design, &o)?;
             let plain_s = t.elapsed().as_secs_f64();
             o.ci = CiMethod::Profile;
             let t = Instant::now();
@@ -944,7 +944,6 @@ fn run_bench(a: &BenchArgs) -> Result<()> {
             out["profile_seconds"] = (secs - plain_s).into();
             out["profile_estimate"] = c.estimate.into();
             out["profile_ci"] = serde_json::json!([c.ci_lower, c.ci_upper]);
-            let _ = plain;
         }
     }
     let rss = bench::peak_rss_bytes();

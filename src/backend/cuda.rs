@@ -64,7 +64,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use super::layout::{CscLayout, RiskSetLayout, SccsLayout};
 use super::{GpuFitStats, Precision};
 use crate::error::{Error, Result};
-use crate::model::ccd::{CcdOptions, CcdResult, Convergence, FitStatus};
+use crate::model::ccd::{CcdOptions, CcdResult, FitStatus};
 use crate::model::design::DesignMatrix;
 use crate::model::prior::{Prior, PriorSet};
 use crate::model::{ModelKind, Ties};
@@ -942,10 +942,7 @@ fn attempt(
             return Ok(ill(beta, iterations, trace));
         }
         trace.push(new_obj);
-        let criterion = match opts.convergence {
-            Convergence::Objective => (new_obj - obj).abs() / (new_obj.abs() + 1.0),
-            Convergence::Gradient => violation,
-        };
+        let criterion = opts.convergence.criterion(obj, new_obj, violation);
         obj = new_obj;
         if criterion < opts.tolerance {
             status = FitStatus::Converged;

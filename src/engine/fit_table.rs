@@ -160,7 +160,7 @@ pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfRe
     }
     let json = options.first().map_or("", |s| s.as_str());
     let options = parse_fit_options(model, json).map_err(to_df_error)?;
-    let table = parse_result_table(model, json).map_err(to_df_error)?;
+    let table = parse_result_table(&options, json).map_err(to_df_error)?;
     Ok(FitCall {
         outcomes: table_sql(tables[0]),
         covariates: tables.get(1).map(|s| table_sql(s)),

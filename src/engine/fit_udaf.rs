@@ -185,7 +185,7 @@ impl AggregateUDFImpl for FitAggregate {
         };
         let options = parse_fit_options(self.model, &options_json)
             .map_err(crate::engine::fit_table::to_df_error)?;
-        let table = crate::engine::options::parse_result_table(self.model, &options_json)
+        let table = crate::engine::options::parse_result_table(&options, &options_json)
             .map_err(crate::engine::fit_table::to_df_error)?;
         if table != crate::engine::options::ResultTable::Coefficients {
             return plan_err!(

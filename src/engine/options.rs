@@ -104,10 +104,9 @@ impl ResultTable {
 }
 
 /// The `table` option of a JSON options string (the default when absent), checked against
-/// the other options: `cv` needs `cv`, `profile` needs `profile.grid`, `bootstrap` and
-/// `replicates` need `bootstrap` or `ci = bootstrap`.
-pub fn parse_result_table(model: ModelKind, json: &str) -> Result<ResultTable> {
-    let opts = parse_fit_options(model, json)?;
+/// the options `opts` parsed from the same string: `cv` needs `cv`, `profile` needs
+/// `profile.grid`, `bootstrap` and `replicates` need `bootstrap` or `ci = bootstrap`.
+pub fn parse_result_table(opts: &FitOptions, json: &str) -> Result<ResultTable> {
     let json = json.trim();
     if json.is_empty() {
         return Ok(ResultTable::Coefficients);

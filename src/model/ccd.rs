@@ -63,6 +63,16 @@ pub enum Convergence {
 }
 
 impl Convergence {
+    /// The value compared with the tolerance after a cycle that moved the objective from
+    /// `old` to `new` with largest KKT violation `violation`.
+    #[inline]
+    pub fn criterion(self, old: f64, new: f64, violation: f64) -> f64 {
+        match self {
+            Convergence::Objective => (new - old).abs() / (new.abs() + 1.0),
+            Convergence::Gradient => violation,
+        }
+    }
+
     /// Parse `objective` or `gradient`.
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
@@ -256,10 +266,7 @@ fn attempt(
             return ill(beta, ll, f64::NAN, iterations, trace);
         }
         trace.push(new_obj);
-        let criterion = match opts.convergence {
-            Convergence::Objective => (new_obj - obj).abs() / (new_obj.abs() + 1.0),
-            Convergence::Gradient => max_violation,
-        };
+        let criterion = opts.convergence.criterion(obj, new_obj, max_violation);
         obj = new_obj;
         let small = criterion < opts.tolerance;
         if full && small {

@@ -37,7 +37,8 @@ struct Case {
     events: Vec<i64>,
 }
 
-fn read_csv(name: &str) -> Vec<BTreeMap<String, i64>> {
+/// Rows of a reference CSV in `tests/data/` as name → integer maps.
+pub(crate) fn read_csv(name: &str) -> Vec<BTreeMap<String, i64>> {
     let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut lines = text.lines();

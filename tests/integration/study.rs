@@ -23,6 +23,8 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use epifusion::engine::session::{new_session, SessionOptions};
+
+use crate::golden_sccs::read_csv;
 use epifusion::engine::study::{
     build_cohort, build_sccs, civil_from_days, CohortDesign, SccsDesign, StudyTables,
 };
@@ -34,28 +36,6 @@ fn repo(path: &str) -> String {
 fn date(day: i64) -> String {
     let (y, m, d) = civil_from_days(day);
     format!("{y:04}-{m:02}-{d:02}")
-}
-
-/// Rows of a reference CSV as name → integer maps.
-fn read_csv(name: &str) -> Vec<BTreeMap<String, i64>> {
-    let text = std::fs::read_to_string(repo(&format!("tests/data/{name}"))).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<String> = lines
-        .next()
-        .unwrap()
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    lines
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            header
-                .iter()
-                .cloned()
-                .zip(l.split(',').map(|v| v.trim().parse::<i64>().unwrap()))
-                .collect()
-        })
-        .collect()
 }
 
 /// Write an SCCS reference file (one row per event) as an OMOP CSV store.
