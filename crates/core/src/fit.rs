@@ -1,0 +1,680 @@
+//! The high-level fitting API: model + prior + options → fit on a design matrix → result.
+//!
+//! ```
+//! use epifusion_core::fit::{fit, FitOptions};
+//! use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
+//! use epifusion_core::model::{ModelKind, Ties};
+//!
+//! // Therneau & Grambsch test 1: time 1,1,6,6,8,9; status 1,0,1,1,0,1; x 1,1,1,0,0,0.
+//! let mut b = DesignBuilder::new();
+//! let (t, s, x) = ([1., 1., 6., 6., 8., 9.], [1., 0., 1., 1., 0., 1.], [1., 1., 1., 0., 0., 0.]);
+//! for i in 0..6 {
+//!     b.push_outcome(OutcomeRecord { row_id: i as i64, time: Some(t[i]), y: s[i], ..Default::default() });
+//!     b.push_covariate(i as i64, 1, x[i]);
+//! }
+//! let design = b.build()?;
+//! let mut opts = FitOptions::new(ModelKind::Cox);
+//! opts.ties = Ties::Breslow;
+//! let result = fit(&design, &opts)?;
+//! assert!((result.coefficients[0].estimate - 1.475285).abs() < 1e-5);
+//! assert!((result.log_likelihood - -3.824750).abs() < 1e-5);
+//! # Ok::<(), epifusion_core::Error>(())
+//! ```
+//!
+//! [`fit_owned`] gives the same result but consumes the design matrix, so that the likelihood's
+//! own copy of the columns replaces it instead of coexisting with it (peak memory, DESIGN.md
+//! §10); the CLI uses it.
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `model` | – | [`ModelKind`] |
+//! | `ties` | Breslow | Cox / Fine–Gray ties |
+//! | `prior` | none | [`Prior`]: none, Laplace(λ) or Normal(σ²) |
+//! | `exclude` | [] | covariate ids never penalized (the intercept never is) |
+//! | `ccd` | see [`CcdOptions`] | tolerance 1e-6, max_iterations 1000 |
+//! | `ci` | profile | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
+//! | `cv` | none | [`CvOptions`]: choose the prior variance by cross-validation ([`crate::model::cv`]) |
+//! | `bootstrap` | none | [`BootstrapOptions`] ([`crate::model::bootstrap`]); `ci = bootstrap` implies the defaults |
+//! | `profile` | none | [`ProfileOptions`]: profile intervals of chosen (also penalized) coefficients and likelihood profiles on a grid |
+//! | `ci_level` | 0.95 | in (0, 1) |
+//! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
+//! | `device` | auto | [`Device`]: auto, cpu or cuda (see [`crate::backend`]: the CUDA path is not verified on a GPU yet) |
+//! | `precision` | f64 | [`Precision`] of the design's values on the GPU: f64, or f32 with f64 accumulation |
+
+use std::time::Instant;
+
+use crate::backend::{Device, Precision, Resolved};
+use crate::error::{Error, Result};
+use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
+use crate::model::ccd::{self, CcdOptions, FitStatus};
+use crate::model::cv::{self, CvOptions, CvResult, Problem};
+use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
+use crate::model::inference::{self, ProfilePoint, ProfileTarget};
+use crate::model::prior::{Prior, PriorSet};
+use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
+
+/// How confidence intervals are computed for unpenalized coefficients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CiMethod {
+    /// Profile likelihood (default).
+    #[default]
+    Profile,
+    /// Wald: estimate ± z·SE.
+    Wald,
+    /// No intervals (and no standard errors).
+    None,
+    /// Bootstrap percentile intervals for every coefficient (penalized or not); the standard
+    /// errors stay the observed-information ones of the unpenalized coefficients.
+    Bootstrap,
+}
+
+impl CiMethod {
+    /// Parse `profile`, `wald` or `none`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "profile" => Ok(CiMethod::Profile),
+            "wald" => Ok(CiMethod::Wald),
+            "none" => Ok(CiMethod::None),
+            "bootstrap" => Ok(CiMethod::Bootstrap),
+            other => Err(Error::option(
+                "ci",
+                format!("unknown `{other}`; expected profile, wald, bootstrap or none"),
+            )),
+        }
+    }
+}
+
+/// Profile intervals and likelihood profiles of chosen coefficients (Cyclops'
+/// `getCyclopsProfileLogLikelihood` / `confint`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileOptions {
+    /// Covariate ids that get a profile interval even when penalized (unpenalized coefficients
+    /// get one anyway when `ci = profile`).
+    pub covariates: Vec<i64>,
+    /// Whether the profiled objective keeps the coefficient's own penalty (default true, as
+    /// Cyclops). Without it the profile is max over the others of LL + their log prior, and the
+    /// interval is centred on that function's own maximum.
+    pub include_penalty: bool,
+    /// Values of β at which to report the profile of each of `covariates` (plus the estimate).
+    pub grid: Option<Vec<f64>>,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            covariates: Vec::new(),
+            include_penalty: true,
+            grid: None,
+        }
+    }
+}
+
+/// CohortMethod's and SelfControlledCaseSeries' default profile grid: 1000 values of log(ratio)
+/// from log 0.1 to log 10.
+pub fn default_profile_grid() -> Vec<f64> {
+    let (a, b) = (0.1f64.ln(), 10f64.ln());
+    (0..1000).map(|i| a + (b - a) * i as f64 / 999.0).collect()
+}
+
+/// A likelihood profile of one coefficient.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Covariate id.
+    pub covariate_id: i64,
+    /// Points by increasing value (the estimate included, flagged).
+    pub points: Vec<ProfilePoint>,
+}
+
+/// Options of a fit. Build with [`FitOptions::new`] and adjust the fields.
+#[derive(Debug, Clone)]
+pub struct FitOptions {
+    /// The model.
+    pub model: ModelKind,
+    /// Ties (Cox, Fine–Gray).
+    pub ties: Ties,
+    /// Prior on the (non-excluded) coefficients.
+    pub prior: Prior,
+    /// Covariate ids excluded from the penalty.
+    pub exclude: Vec<i64>,
+    /// Optimizer options.
+    pub ccd: CcdOptions,
+    /// Interval method.
+    pub ci: CiMethod,
+    /// Interval level.
+    pub ci_level: f64,
+    /// Number of threads (None: rayon's default, all cores).
+    pub threads: Option<usize>,
+    /// Device to run on.
+    pub device: Device,
+    /// Storage precision of the design on the GPU (ignored on the CPU).
+    pub precision: Precision,
+    /// Cross-validation of the prior variance.
+    pub cv: Option<CvOptions>,
+    /// Bootstrap.
+    pub bootstrap: Option<BootstrapOptions>,
+    /// Profiles of chosen coefficients.
+    pub profile: ProfileOptions,
+}
+
+impl FitOptions {
+    /// Defaults for `model`: no prior, Breslow ties, profile CIs at 95%.
+    pub fn new(model: ModelKind) -> Self {
+        FitOptions {
+            model,
+            ties: Ties::Breslow,
+            prior: Prior::None,
+            exclude: Vec::new(),
+            ccd: CcdOptions::default(),
+            ci: CiMethod::Profile,
+            ci_level: 0.95,
+            threads: None,
+            device: Device::Auto,
+            precision: Precision::F64,
+            cv: None,
+            bootstrap: None,
+            profile: ProfileOptions::default(),
+        }
+    }
+
+    /// Validate everything before any work starts.
+    pub fn check(&self) -> Result<()> {
+        self.ccd.check()?;
+        if !(self.ci_level > 0.0 && self.ci_level < 1.0) {
+            return Err(Error::option(
+                "ci_level",
+                format!("must be in (0, 1) (got {})", self.ci_level),
+            ));
+        }
+        if self.threads == Some(0) {
+            return Err(Error::option("threads", "must be ≥ 1"));
+        }
+        if let Some(cv) = &self.cv {
+            cv.check()?;
+            if self.prior == Prior::None {
+                return Err(Error::option(
+                    "cv",
+                    "cross-validation selects the prior variance: give `prior` laplace or normal",
+                ));
+            }
+        }
+        if let Some(b) = &self.bootstrap {
+            b.check()?;
+        }
+        if let Some(g) = &self.profile.grid {
+            if self.profile.covariates.is_empty() {
+                return Err(Error::option(
+                    "profile.grid",
+                    "needs `profile.covariates`: the coefficients to profile",
+                ));
+            }
+            if g.is_empty() || g.iter().any(|v| !v.is_finite()) {
+                return Err(Error::option(
+                    "profile.grid",
+                    "must be a non-empty list of finite numbers",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One coefficient of a fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Coefficient {
+    /// Covariate id ([`crate::model::design::INTERCEPT_ID`] for the intercept).
+    pub covariate_id: i64,
+    /// Name (column name in wide input, `(Intercept)`, else the id).
+    pub name: String,
+    /// Estimate β̂.
+    pub estimate: f64,
+    /// Standard error (unpenalized coefficients only).
+    pub std_error: Option<f64>,
+    /// Lower confidence bound (unpenalized coefficients only; missing if unbounded).
+    pub ci_lower: Option<f64>,
+    /// Upper confidence bound.
+    pub ci_upper: Option<f64>,
+    /// Whether the prior applies to this coefficient.
+    pub penalized: bool,
+}
+
+/// Result of [`fit`].
+#[derive(Debug, Clone)]
+pub struct FitResult {
+    /// Model.
+    pub model: ModelKind,
+    /// One entry per column, in column order (intercept first when present).
+    pub coefficients: Vec<Coefficient>,
+    /// Log-likelihood (without data-independent constants; see each model's docs).
+    pub log_likelihood: f64,
+    /// Log prior (without normalizing constants).
+    pub log_prior: f64,
+    /// Full CCD cycles.
+    pub iterations: usize,
+    /// Status.
+    pub status: FitStatus,
+    /// Coordinate updates.
+    pub coordinate_updates: u64,
+    /// Wall time of the whole fit (including SEs and CIs), seconds.
+    pub seconds: f64,
+    /// Wall time of the optimization alone, seconds.
+    pub fit_seconds: f64,
+    /// Objective after each cycle.
+    pub objective_trace: Vec<f64>,
+    /// Rows and strata used.
+    pub n_rows: usize,
+    /// Number of strata.
+    pub n_strata: usize,
+    /// Interval method used.
+    pub ci: CiMethod,
+    /// Where the fit ran ("cpu").
+    pub device: String,
+    /// Why that device was chosen, when `auto` fell back to the CPU.
+    pub device_note: Option<String>,
+    /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
+    pub gpu: Option<crate::backend::GpuFitStats>,
+    /// The prior used (with the variance chosen by cross-validation, when there was one).
+    pub prior: Prior,
+    /// Cross-validation result.
+    pub cv: Option<CvResult>,
+    /// Bootstrap result.
+    pub bootstrap: Option<BootstrapResult>,
+    /// Likelihood profiles (`profile.grid`).
+    pub profiles: Vec<Profile>,
+}
+
+impl FitResult {
+    /// The coefficient with covariate id `id`.
+    pub fn coefficient(&self, id: i64) -> Option<&Coefficient> {
+        self.coefficients.iter().find(|c| c.covariate_id == id)
+    }
+    /// log-likelihood + log prior.
+    pub fn objective(&self) -> f64 {
+        self.log_likelihood + self.log_prior
+    }
+}
+
+/// Fit `opts.model` to `design`. For logistic and Poisson regression an intercept column is
+/// added (without copying the design). [`fit_owned`] does the same in less memory.
+///
+/// With `opts.cv` the prior variance is chosen by cross-validation first; with `opts.bootstrap`
+/// (or `ci = bootstrap`) the fit is bootstrapped afterwards.
+pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    with_threads(opts, || {
+        let started = Instant::now();
+        let device = opts.device.resolve(opts.model, design)?;
+        let mut shape = Shape::of(design);
+        let mut cols = design.column_source();
+        if opts.model.has_intercept() && !design.has_intercept() {
+            cols = cols.prepend(Column::intercept(design.n_rows()));
+            shape.labels.insert(
+                0,
+                ColumnLabel {
+                    id: INTERCEPT_ID,
+                    name: "(Intercept)".into(),
+                },
+            );
+        }
+        shape.check_exclude(opts)?;
+        let problem = problem_of(design, opts);
+        let (prior, cv) = select_prior(&problem, opts)?;
+        let mut lik = crate::model::cpu_likelihood_from(
+            opts.model,
+            design,
+            cols,
+            LikelihoodOptions { ties: opts.ties },
+        )?;
+        let gpu = device.gpu.then_some(design);
+        let mut r = finish(lik.as_mut(), &shape, opts, prior, started, device, gpu)?;
+        r.cv = cv;
+        drop(lik);
+        bootstrap_into(&mut r, &problem, opts)?;
+        r.seconds = started.elapsed().as_secs_f64();
+        Ok(r)
+    })
+}
+
+/// [`fit`] consuming the design matrix: the likelihood drops each column as soon as it has its
+/// own copy, and the row data once it is built, so peak memory stays near one copy of the
+/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation and the
+/// bootstrap need the design beside the likelihood, so with either this is [`fit`].
+pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    if opts.cv.is_some() || wants_bootstrap(opts) {
+        return fit(&design, opts);
+    }
+    opts.check()?;
+    let device = opts.device.resolve(opts.model, &design)?;
+    if device.gpu {
+        // The GPU fit reads the design beside the CPU likelihood (used for intervals).
+        return fit(&design, opts);
+    }
+    with_threads(opts, move || {
+        let started = Instant::now();
+        let mut design = design;
+        if opts.model.has_intercept() && !design.has_intercept() {
+            design = design.with_intercept();
+        }
+        let shape = Shape::of(&design);
+        shape.check_exclude(opts)?;
+        let mut lik = crate::backend::cpu::likelihood_owned(
+            opts.model,
+            design,
+            LikelihoodOptions { ties: opts.ties },
+        )?;
+        finish(
+            lik.as_mut(),
+            &shape,
+            opts,
+            opts.prior,
+            started,
+            device,
+            None,
+        )
+    })
+}
+
+fn wants_bootstrap(opts: &FitOptions) -> bool {
+    opts.bootstrap.is_some() || opts.ci == CiMethod::Bootstrap
+}
+
+fn problem_of<'a>(design: &'a DesignMatrix, opts: &'a FitOptions) -> Problem<'a> {
+    Problem {
+        design,
+        kind: opts.model,
+        lik: LikelihoodOptions { ties: opts.ties },
+        exclude: &opts.exclude,
+        ccd: opts.ccd,
+    }
+}
+
+/// The prior to fit with: `opts.prior`, or its family at the cross-validated variance.
+fn select_prior(problem: &Problem<'_>, opts: &FitOptions) -> Result<(Prior, Option<CvResult>)> {
+    match &opts.cv {
+        None => Ok((opts.prior, None)),
+        Some(c) => {
+            let r = cv::cross_validate(problem, opts.prior, c)?;
+            Ok((opts.prior.with_variance(r.variance), Some(r)))
+        }
+    }
+}
+
+/// Bootstrap the fit `r` when asked; with `ci = bootstrap` its intervals become the
+/// percentile intervals.
+fn bootstrap_into(r: &mut FitResult, problem: &Problem<'_>, opts: &FitOptions) -> Result<()> {
+    if !wants_bootstrap(opts) {
+        return Ok(());
+    }
+    let bopts = opts.bootstrap.clone().unwrap_or_default();
+    let beta: Vec<f64> = r.coefficients.iter().map(|c| c.estimate).collect();
+    let b = bootstrap::bootstrap(problem, r.prior, &beta, opts.ci_level, &bopts)?;
+    if opts.ci == CiMethod::Bootstrap {
+        for (c, s) in r.coefficients.iter_mut().zip(&b.coefficients) {
+            c.ci_lower = Some(s.lower);
+            c.ci_upper = Some(s.upper);
+        }
+    }
+    r.bootstrap = Some(b);
+    Ok(())
+}
+
+/// Run `f` on a pool of `opts.threads` threads (after checking the options).
+fn with_threads<T: Send>(opts: &FitOptions, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    opts.check()?;
+    match opts.threads {
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| Error::option("threads", e.to_string()))?;
+            pool.install(f)
+        }
+        None => f(),
+    }
+}
+
+/// What a fit result needs of the design once the likelihood is built.
+struct Shape {
+    labels: Vec<ColumnLabel>,
+    n_rows: usize,
+    n_strata: usize,
+}
+
+impl Shape {
+    fn of(x: &DesignMatrix) -> Self {
+        Shape {
+            labels: x.column_labels(),
+            n_rows: x.n_rows(),
+            n_strata: x.n_strata(),
+        }
+    }
+
+    fn check_exclude(&self, opts: &FitOptions) -> Result<()> {
+        for &id in &opts.exclude {
+            if !self.labels.iter().any(|l| l.id == id) {
+                return Err(Error::option(
+                    "exclude",
+                    format!("covariate id {id} is not a column of the design matrix"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn finish(
+    lik: &mut dyn Likelihood,
+    shape: &Shape,
+    opts: &FitOptions,
+    prior: Prior,
+    started: Instant,
+    device: Resolved,
+    gpu: Option<&DesignMatrix>,
+) -> Result<FitResult> {
+    let excluded: Vec<bool> = shape
+        .labels
+        .iter()
+        .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
+        .collect();
+    let priors = PriorSet::new(prior, &excluded);
+    let mut r = fit_shape(lik, shape, &priors, opts, started, gpu)?;
+    r.device = device.name;
+    r.device_note = device.note;
+    r.prior = prior;
+    Ok(r)
+}
+
+/// Fit an already-built likelihood on `x` (used by CV, profiles and the SQL layer).
+pub fn fit_likelihood(
+    lik: &mut dyn Likelihood,
+    x: &DesignMatrix,
+    priors: &PriorSet,
+    opts: &FitOptions,
+    started: Instant,
+) -> Result<FitResult> {
+    fit_shape(lik, &Shape::of(x), priors, opts, started, None)
+}
+
+fn fit_shape(
+    lik: &mut dyn Likelihood,
+    x: &Shape,
+    priors: &PriorSet,
+    opts: &FitOptions,
+    started: Instant,
+    gpu: Option<&DesignMatrix>,
+) -> Result<FitResult> {
+    let p = x.labels.len();
+    let beta0 = vec![0.0; p];
+    let mut gpu_stats = None;
+    let r = match gpu {
+        // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
+        Some(design) => {
+            let (r, stats) = crate::backend::gpu_fit(
+                opts.model,
+                opts.ties,
+                design,
+                priors,
+                &opts.ccd,
+                opts.precision,
+            )?;
+            lik.set_beta(if r.status == FitStatus::IllConditioned {
+                &beta0
+            } else {
+                &r.beta
+            });
+            gpu_stats = Some(stats);
+            r
+        }
+        None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
+    };
+    let fit_seconds = r.seconds;
+    let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    let mut se = vec![None; p];
+    let mut lower = vec![None; p];
+    let mut upper = vec![None; p];
+    let mut profiles = Vec::new();
+    let ok = r.status != FitStatus::IllConditioned;
+    if ok && opts.ci != CiMethod::None && !unpenalized.is_empty() {
+        lik.set_beta(&r.beta);
+        let s = inference::standard_errors(lik, &unpenalized);
+        for (k, &j) in unpenalized.iter().enumerate() {
+            se[j] = s[k];
+        }
+        if opts.ci == CiMethod::Wald {
+            let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
+            for &j in &unpenalized {
+                if let Some(s) = se[j] {
+                    lower[j] = Some(r.beta[j] - z * s);
+                    upper[j] = Some(r.beta[j] + z * s);
+                }
+            }
+        }
+    }
+    // Profile intervals: the unpenalized coefficients (ci = profile) and the chosen ones.
+    let mut chosen = Vec::new();
+    for &id in &opts.profile.covariates {
+        let j = x.labels.iter().position(|l| l.id == id).ok_or_else(|| {
+            Error::option(
+                "profile.covariates",
+                format!("covariate id {id} is not a column of the design matrix"),
+            )
+        })?;
+        if !chosen.contains(&j) {
+            chosen.push(j);
+        }
+    }
+    if ok {
+        let mut js: Vec<usize> = if opts.ci == CiMethod::Profile {
+            unpenalized.clone()
+        } else {
+            Vec::new()
+        };
+        for &j in &chosen {
+            if !js.contains(&j) {
+                js.push(j);
+            }
+        }
+        let objective = r.log_likelihood + r.log_prior;
+        let mut targets = Vec::with_capacity(js.len());
+        for &j in &js {
+            targets.push(profile_target(
+                lik, priors, &r.beta, objective, j, se[j], opts,
+            )?);
+        }
+        if !targets.is_empty() {
+            let intervals =
+                inference::profile_intervals(&*lik, &targets, opts.ci_level, &opts.ccd)?;
+            for (t, pi) in targets.iter().zip(intervals) {
+                lower[t.j] = pi.lower;
+                upper[t.j] = pi.upper;
+            }
+        }
+        if let Some(grid) = &opts.profile.grid {
+            for &j in &chosen {
+                let t = targets
+                    .iter()
+                    .find(|t| t.j == j)
+                    .expect("chosen are targets");
+                profiles.push(Profile {
+                    covariate_id: x.labels[j].id,
+                    points: inference::profile_grid(&*lik, t, grid, &opts.ccd)?,
+                });
+            }
+        }
+        lik.set_beta(&r.beta);
+    }
+    let coefficients = x
+        .labels
+        .iter()
+        .enumerate()
+        .map(|(j, c)| Coefficient {
+            covariate_id: c.id,
+            name: c.name.clone(),
+            estimate: r.beta[j],
+            std_error: se[j],
+            ci_lower: lower[j],
+            ci_upper: upper[j],
+            penalized: !priors.is_unpenalized(j),
+        })
+        .collect();
+    Ok(FitResult {
+        model: opts.model,
+        coefficients,
+        log_likelihood: r.log_likelihood,
+        log_prior: r.log_prior,
+        iterations: r.iterations,
+        status: r.status,
+        coordinate_updates: r.coordinate_updates,
+        seconds: started.elapsed().as_secs_f64(),
+        fit_seconds,
+        objective_trace: r.objective_trace,
+        n_rows: x.n_rows,
+        n_strata: x.n_strata,
+        ci: opts.ci,
+        device: "cpu".into(),
+        device_note: None,
+        gpu: gpu_stats,
+        prior: Prior::None,
+        cv: None,
+        bootstrap: None,
+        profiles,
+    })
+}
+
+/// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the
+/// fit's own optimum; without it (`profile.include_penalty = false`, penalized j), a refit
+/// with j unpenalized gives the optimum of the profiled function.
+fn profile_target(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    beta: &[f64],
+    objective: f64,
+    j: usize,
+    se: Option<f64>,
+    opts: &FitOptions,
+) -> Result<ProfileTarget> {
+    if priors.is_unpenalized(j) || opts.profile.include_penalty {
+        return Ok(ProfileTarget {
+            j,
+            scale: se.unwrap_or(f64::NAN),
+            priors: priors.clone(),
+            beta: beta.to_vec(),
+            objective,
+        });
+    }
+    let mut own = priors.clone();
+    own.per_coef[j] = Prior::None;
+    let mut tight = opts.ccd;
+    tight.tolerance = (opts.ccd.tolerance * 1e-3).max(1e-13);
+    let r = ccd::fit(lik, &own, beta, None, &tight)?;
+    if r.status == FitStatus::IllConditioned {
+        return Err(Error::FitFailed(format!(
+            "profile of coefficient {j}: the refit without its penalty is ill-conditioned"
+        )));
+    }
+    Ok(ProfileTarget {
+        j,
+        scale: f64::NAN,
+        priors: own,
+        objective: r.log_likelihood + r.log_prior,
+        beta: r.beta,
+    })
+}

@@ -1,0 +1,20 @@
+//! # epifusion-core
+//!
+//! The numerics of epifusion: self-controlled case series (conditional Poisson), Cox and
+//! Fine–Gray models (plus logistic, Poisson and conditional logistic regression) fitted by cyclic
+//! coordinate descent on sparse design matrices.
+//!
+//! Layers (one direction of dependency): [`model`] (design matrix, likelihoods, priors, CCD,
+//! inference, CV and bootstrap) → [`backend`] (the CPU backend and the [`backend::GpuBackend`]
+//! trait a GPU crate implements) → [`fit`] (the fit API). This crate has no Arrow, Parquet,
+//! DataFusion, tokio or CUDA dependency (Cargo enforces it): `cargo test -p epifusion-core`
+//! builds none of them. [`bench`] holds the seeded data generators of `epifusion bench`.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod bench;
+pub mod error;
+pub mod fit;
+pub mod model;
+
+pub use error::{Error, Result};

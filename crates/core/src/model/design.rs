@@ -1,0 +1,1123 @@
+//! The sparse design matrix: row metadata plus CSC columns.
+//!
+//! Built from the Cyclops-compatible long format (DESIGN.md §4): one outcome record per row
+//! (`row_id`, optional `stratum_id`, `time`, `y`, optional `weight`, `start_time`, `offset`,
+//! `censor_weight`) and covariate entries `(row_id, covariate_id, covariate_value)`.
+//!
+//! Columns are stored in one of three formats:
+//!
+//! | format | stores | used when |
+//! |---|---|---|
+//! | [`ColumnFormat::Indicator`] | sorted row indices only (value 1) | every value seen is 1 |
+//! | [`ColumnFormat::Sparse`] | sorted row indices + values | some value ≠ 1 |
+//! | [`ColumnFormat::Dense`] | one value per row | requested explicitly (e.g. the intercept) |
+//!
+//! A column is promoted from indicator to sparse the first time a value other than 1 appears.
+//! Zeros are dropped. Columns are ordered by covariate id, rows keep the order of the outcome
+//! records; models that need another order (Cox sorts by time) build their own permutation.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+
+/// Storage format of one column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnFormat {
+    /// 0/1 column: row indices only.
+    Indicator,
+    /// Row indices and values.
+    Sparse,
+    /// A value for every row.
+    Dense,
+}
+
+impl ColumnFormat {
+    /// Lower-case name used in result tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            ColumnFormat::Indicator => "indicator",
+            ColumnFormat::Sparse => "sparse",
+            ColumnFormat::Dense => "dense",
+        }
+    }
+}
+
+/// One covariate column.
+#[derive(Debug, Clone)]
+pub struct Column {
+    /// Covariate id (`covariate_id` of the long format).
+    pub id: i64,
+    /// Optional human-readable name (wide input, intercept).
+    pub name: Option<String>,
+    /// Storage format.
+    pub format: ColumnFormat,
+    /// Sorted row indices (indicator and sparse); empty for dense.
+    pub rows: Vec<u32>,
+    /// Values: per entry (sparse), per row (dense), empty (indicator).
+    pub values: Vec<f64>,
+}
+
+impl Column {
+    /// Number of stored entries (nnz; `n_rows` for dense columns).
+    pub fn nnz(&self) -> usize {
+        match self.format {
+            ColumnFormat::Dense => self.values.len(),
+            _ => self.rows.len(),
+        }
+    }
+
+    /// Iterate `(row index, value)` over the stored entries in increasing row order.
+    pub fn entries(&self) -> ColumnEntries<'_> {
+        ColumnEntries { col: self, pos: 0 }
+    }
+
+    /// Value at the `k`-th stored entry.
+    #[inline]
+    pub fn entry(&self, k: usize) -> (usize, f64) {
+        match self.format {
+            ColumnFormat::Indicator => (self.rows[k] as usize, 1.0),
+            ColumnFormat::Sparse => (self.rows[k] as usize, self.values[k]),
+            ColumnFormat::Dense => (k, self.values[k]),
+        }
+    }
+
+    /// The column as a dense vector of length `n_rows`.
+    pub fn to_dense(&self, n_rows: usize) -> Vec<f64> {
+        let mut out = vec![0.0; n_rows];
+        for (i, v) in self.entries() {
+            out[i] = v;
+        }
+        out
+    }
+
+    /// Σ x² over the column (used for the default CV starting variance).
+    pub fn sum_squares(&self) -> f64 {
+        self.entries().map(|(_, v)| v * v).sum()
+    }
+
+    /// Display name: the given name, or the id.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.id.to_string())
+    }
+}
+
+/// Iterator over a column's stored entries.
+pub struct ColumnEntries<'a> {
+    col: &'a Column,
+    pos: usize,
+}
+
+impl Iterator for ColumnEntries<'_> {
+    type Item = (usize, f64);
+    #[inline]
+    fn next(&mut self) -> Option<(usize, f64)> {
+        if self.pos >= self.col.nnz() {
+            return None;
+        }
+        let e = self.col.entry(self.pos);
+        self.pos += 1;
+        Some(e)
+    }
+}
+
+/// Per-row outcome data. All vectors have length `n_rows`.
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
+    /// The caller's row ids.
+    pub row_id: Vec<i64>,
+    /// Dense stratum index per row (0-based, in order of first appearance); all 0 when unstratified.
+    pub stratum: Vec<u32>,
+    /// The caller's stratum ids, indexed by dense stratum index.
+    pub stratum_ids: Vec<i64>,
+    /// Whether a stratum column was supplied.
+    pub has_strata: bool,
+    /// Time (survival time, stop time, or SCCS interval length); 1 when absent.
+    pub time: Vec<f64>,
+    /// Start of a counting-process (start, stop] row.
+    pub start_time: Option<Vec<f64>>,
+    /// Outcome.
+    pub y: Vec<f64>,
+    /// Case weight.
+    pub weight: Option<Vec<f64>>,
+    /// Offset added to the linear predictor.
+    pub offset: Option<Vec<f64>>,
+    /// Supplied Fine–Gray censoring weight G(T−) (otherwise the engine computes it).
+    pub censor_weight: Option<Vec<f64>>,
+}
+
+/// A validated design matrix (row data + CSC columns).
+#[derive(Debug, Clone)]
+pub struct DesignMatrix {
+    /// Row metadata.
+    pub rows: Rows,
+    /// Covariate columns ordered by covariate id.
+    pub columns: Vec<Column>,
+    /// Covariate entries dropped because their row id had no outcome row.
+    pub dropped_unknown: usize,
+}
+
+impl DesignMatrix {
+    /// Number of rows.
+    pub fn n_rows(&self) -> usize {
+        self.rows.row_id.len()
+    }
+    /// Number of columns.
+    pub fn n_cols(&self) -> usize {
+        self.columns.len()
+    }
+    /// Number of strata.
+    pub fn n_strata(&self) -> usize {
+        self.rows.stratum_ids.len().max(1)
+    }
+    /// Total stored entries.
+    pub fn nnz(&self) -> usize {
+        self.columns.iter().map(Column::nnz).sum()
+    }
+    /// Bytes used by the CSC storage (indices + values).
+    pub fn csc_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|c| c.rows.len() * 4 + c.values.len() * 8)
+            .sum()
+    }
+    /// Weight of row `i` (1 when no weights).
+    #[inline]
+    pub fn weight(&self, i: usize) -> f64 {
+        self.rows.weight.as_ref().map_or(1.0, |w| w[i])
+    }
+    /// Offset of row `i` (0 when none).
+    #[inline]
+    pub fn offset(&self, i: usize) -> f64 {
+        self.rows.offset.as_ref().map_or(0.0, |o| o[i])
+    }
+    /// Index of the column with covariate id `id`.
+    pub fn column_index(&self, id: i64) -> Option<usize> {
+        self.columns.binary_search_by_key(&id, |c| c.id).ok()
+    }
+
+    /// Add a dense column of ones (the intercept) in front of the others, with id
+    /// [`INTERCEPT_ID`] and name `(Intercept)`.
+    pub fn with_intercept(mut self) -> Self {
+        let n = self.n_rows();
+        self.columns.insert(0, Column::intercept(n));
+        self
+    }
+
+    /// Whether the first column is the intercept.
+    pub fn has_intercept(&self) -> bool {
+        self.columns.first().map(|c| c.id) == Some(INTERCEPT_ID)
+    }
+
+    /// Borrow every column as a [`ColumnSource`].
+    pub fn column_source(&self) -> ColumnSource<'_> {
+        ColumnSource(self.columns.iter().map(Cow::Borrowed).collect())
+    }
+
+    /// Move the columns out (leaving the row data) as an owned [`ColumnSource`].
+    pub fn take_columns(&mut self) -> ColumnSource<'static> {
+        ColumnSource(
+            std::mem::take(&mut self.columns)
+                .into_iter()
+                .map(Cow::Owned)
+                .collect(),
+        )
+    }
+
+    /// A new design of the rows `rows[k]` (k = 0, 1, …; a row may repeat, as in a bootstrap
+    /// sample) with every column. `strata[k]`, when given, is the dense stratum index of output
+    /// row k (a bootstrap by stratum gives each drawn copy of a stratum its own stratum); the
+    /// new strata get ids 0, 1, … in that case. Otherwise output rows keep their strata, which
+    /// are renumbered densely in order of first appearance and keep their ids. Row ids, times,
+    /// outcomes, weights, offsets and censoring weights are copied.
+    pub fn subset_rows(&self, rows: &[u32], strata: Option<&[u32]>) -> DesignMatrix {
+        let n_out = rows.len();
+        let src = &self.rows;
+        let pick_f64 = |v: &Vec<f64>| -> Vec<f64> { rows.iter().map(|&r| v[r as usize]).collect() };
+        let (stratum, stratum_ids) = match strata {
+            Some(s) => {
+                let n_s = s.iter().map(|&x| x as usize + 1).max().unwrap_or(0);
+                (s.to_vec(), (0..n_s as i64).collect())
+            }
+            None => {
+                let mut map: HashMap<u32, u32> = HashMap::new();
+                let mut ids = Vec::new();
+                let st = rows
+                    .iter()
+                    .map(|&r| {
+                        let old = src.stratum[r as usize];
+                        *map.entry(old).or_insert_with(|| {
+                            ids.push(src.stratum_ids.get(old as usize).copied().unwrap_or(0));
+                            (ids.len() - 1) as u32
+                        })
+                    })
+                    .collect();
+                (st, ids)
+            }
+        };
+        let new_rows = Rows {
+            row_id: rows.iter().map(|&r| src.row_id[r as usize]).collect(),
+            stratum,
+            stratum_ids,
+            has_strata: src.has_strata || strata.is_some(),
+            time: pick_f64(&src.time),
+            start_time: src.start_time.as_ref().map(pick_f64),
+            y: pick_f64(&src.y),
+            weight: src.weight.as_ref().map(pick_f64),
+            offset: src.offset.as_ref().map(pick_f64),
+            censor_weight: src.censor_weight.as_ref().map(pick_f64),
+        };
+        // Output positions of every source row (CSR), in increasing output order.
+        let n_src = self.n_rows();
+        let mut start = vec![0u32; n_src + 1];
+        for &r in rows {
+            start[r as usize + 1] += 1;
+        }
+        for i in 0..n_src {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut positions = vec![0u32; n_out];
+        for (k, &r) in rows.iter().enumerate() {
+            positions[fill[r as usize] as usize] = k as u32;
+            fill[r as usize] += 1;
+        }
+        let monotone = rows.windows(2).all(|w| w[0] <= w[1]);
+        let columns = self
+            .columns
+            .iter()
+            .map(|c| {
+                if c.format == ColumnFormat::Dense {
+                    return Column {
+                        id: c.id,
+                        name: c.name.clone(),
+                        format: ColumnFormat::Dense,
+                        rows: Vec::new(),
+                        values: rows.iter().map(|&r| c.values[r as usize]).collect(),
+                    };
+                }
+                let mut entries: Vec<(u32, f64)> = Vec::new();
+                for (r, v) in c.entries() {
+                    let (a, b) = (start[r] as usize, start[r + 1] as usize);
+                    entries.extend(positions[a..b].iter().map(|&p| (p, v)));
+                }
+                if !monotone {
+                    entries.sort_unstable_by_key(|e| e.0);
+                }
+                Column {
+                    id: c.id,
+                    name: c.name.clone(),
+                    format: c.format,
+                    rows: entries.iter().map(|e| e.0).collect(),
+                    values: if c.format == ColumnFormat::Sparse {
+                        entries.iter().map(|e| e.1).collect()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect();
+        DesignMatrix {
+            rows: new_rows,
+            columns,
+            dropped_unknown: 0,
+        }
+    }
+
+    /// `(id, name)` of every column, in order.
+    pub fn column_labels(&self) -> Vec<ColumnLabel> {
+        self.columns
+            .iter()
+            .map(|c| ColumnLabel {
+                id: c.id,
+                name: c.display_name(),
+            })
+            .collect()
+    }
+}
+
+impl Column {
+    /// The intercept: a dense column of `n_rows` ones with id [`INTERCEPT_ID`].
+    pub fn intercept(n_rows: usize) -> Column {
+        Column {
+            id: INTERCEPT_ID,
+            name: Some("(Intercept)".into()),
+            format: ColumnFormat::Dense,
+            rows: Vec::new(),
+            values: vec![1.0; n_rows],
+        }
+    }
+}
+
+/// Id and display name of a column (what a fit result needs once the columns are gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnLabel {
+    /// Covariate id.
+    pub id: i64,
+    /// Display name ([`Column::display_name`]).
+    pub name: String,
+}
+
+/// The columns a likelihood is built from: borrowed from a [`DesignMatrix`] or owned. Owned
+/// columns are dropped one by one as the likelihood converts them, so the design's CSC storage
+/// and the likelihood's own copy never both exist in full (DESIGN.md §10).
+#[derive(Debug, Default)]
+pub struct ColumnSource<'a>(Vec<Cow<'a, Column>>);
+
+impl<'a> ColumnSource<'a> {
+    /// Number of columns.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether there are no columns.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Iterate the columns.
+    pub fn iter(&self) -> impl Iterator<Item = &Column> {
+        self.0.iter().map(|c| c.as_ref())
+    }
+    /// Put `col` in front (the intercept).
+    pub fn prepend(mut self, col: Column) -> Self {
+        self.0.insert(0, Cow::Owned(col));
+        self
+    }
+    /// Convert every column with `f`, in parallel, keeping the order; an owned column is
+    /// dropped as soon as it is converted. Deterministic: `f` sees each column alone.
+    pub fn par_map<T: Send>(self, f: impl Fn(&Column) -> T + Sync + Send) -> Vec<T> {
+        use rayon::prelude::*;
+        self.0
+            .into_par_iter()
+            .map(|c| {
+                let out = f(&c);
+                drop(c);
+                out
+            })
+            .collect()
+    }
+    /// [`Self::par_map`] on the calling thread only.
+    pub fn map<T>(self, mut f: impl FnMut(&Column) -> T) -> Vec<T> {
+        self.0.into_iter().map(|c| f(&c)).collect()
+    }
+}
+
+/// Covariate id given to the intercept column (Cyclops calls it `(Intercept)`).
+pub const INTERCEPT_ID: i64 = i64::MIN;
+
+/// One outcome record of the long format.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutcomeRecord {
+    /// Row id (unique).
+    pub row_id: i64,
+    /// Stratum id (case for SCCS, matched set, …).
+    pub stratum_id: Option<i64>,
+    /// Time (> 0 where the model requires it).
+    pub time: Option<f64>,
+    /// Outcome.
+    pub y: f64,
+    /// Case weight (≥ 0).
+    pub weight: Option<f64>,
+    /// Counting-process start time.
+    pub start_time: Option<f64>,
+    /// Offset.
+    pub offset: Option<f64>,
+    /// Supplied censoring weight (Fine–Gray).
+    pub censor_weight: Option<f64>,
+}
+
+/// Accumulates the long format and builds a [`DesignMatrix`].
+///
+/// Memory: outcomes are stored column by column (no per-row records), and covariate entries go
+/// straight into per-covariate columns as u32 row indices (plus values only once a column sees
+/// a value other than 0 or 1), so the builder holds about one copy of the final CSC storage.
+/// Row ids are resolved when the entry is pushed (arithmetically for consecutive ids, by binary
+/// search for increasing ids, else through a hash map); entries whose row id is not known yet
+/// (covariates pushed before their outcome) are kept aside and resolved by [`Self::build`].
+///
+/// ```
+/// use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
+/// let mut b = DesignBuilder::new();
+/// b.push_outcome(OutcomeRecord { row_id: 1, time: Some(5.0), y: 1.0, ..Default::default() });
+/// b.push_outcome(OutcomeRecord { row_id: 2, time: Some(3.0), y: 0.0, ..Default::default() });
+/// b.push_covariate(1, 1000, 1.0);
+/// b.push_covariate(2, 1000, 2.5);
+/// let x = b.build().unwrap();
+/// assert_eq!(x.n_rows(), 2);
+/// assert_eq!(x.columns[0].format.name(), "sparse");
+/// ```
+#[derive(Debug, Default)]
+pub struct DesignBuilder {
+    outcomes: OutcomeColumns,
+    row_lookup: RowLookup,
+    /// First row (index) whose row id repeats an earlier one.
+    first_duplicate_row: Option<usize>,
+    /// Covariate id → index into `columns`.
+    column_index: HashMap<i64, u32>,
+    columns: Vec<ColumnAcc>,
+    /// Entries whose row id was unknown when pushed: (row id, covariate id, value, push number).
+    pending: Vec<(i64, i64, f64, u64)>,
+    /// First non-finite value among entries with a known row: (push number, error).
+    first_non_finite: Option<(u64, Error)>,
+    n_pushed: u64,
+    names: HashMap<i64, String>,
+    drop_unknown_rows: bool,
+}
+
+/// Outcome records stored column by column.
+#[derive(Debug, Default)]
+struct OutcomeColumns {
+    row_id: Vec<i64>,
+    /// `time`, 1 when absent.
+    time: Vec<f64>,
+    y: Vec<f64>,
+    /// Dense stratum index (in order of first appearance).
+    stratum: OptionalColumn<u32>,
+    stratum_ids: Vec<i64>,
+    stratum_index: HashMap<i64, u32>,
+    weight: OptionalColumn<f64>,
+    start_time: OptionalColumn<f64>,
+    offset: OptionalColumn<f64>,
+    censor_weight: OptionalColumn<f64>,
+}
+
+/// An optional outcome field: materialized (with `default` for earlier rows) once a row has it.
+#[derive(Debug, Default)]
+struct OptionalColumn<T> {
+    values: Option<Vec<T>>,
+    /// First row without a value.
+    first_missing: Option<usize>,
+}
+
+impl<T: Copy> OptionalColumn<T> {
+    fn push(&mut self, row: usize, v: Option<T>, default: T) {
+        match v {
+            Some(v) => self
+                .values
+                .get_or_insert_with(|| vec![default; row])
+                .push(v),
+            None => {
+                self.first_missing.get_or_insert(row);
+                if let Some(values) = &mut self.values {
+                    values.push(default);
+                }
+            }
+        }
+    }
+}
+
+/// How row ids map to row indices.
+#[derive(Debug, Default)]
+enum RowLookup {
+    /// Row ids so far are `first, first + 1, …`.
+    #[default]
+    Consecutive,
+    /// Row ids so far are strictly increasing: binary search.
+    Increasing,
+    /// Anything else.
+    Hashed(HashMap<i64, u32>),
+}
+
+impl RowLookup {
+    /// Index of `row_id` in `ids` (the row ids pushed so far).
+    fn find(&self, ids: &[i64], row_id: i64) -> Option<u32> {
+        match self {
+            RowLookup::Consecutive => {
+                let k = row_id.checked_sub(*ids.first()?)?;
+                (0..ids.len() as i64).contains(&k).then_some(k as u32)
+            }
+            RowLookup::Increasing => ids.binary_search(&row_id).ok().map(|k| k as u32),
+            RowLookup::Hashed(map) => map.get(&row_id).copied(),
+        }
+    }
+}
+
+/// One covariate column being accumulated.
+#[derive(Debug)]
+struct ColumnAcc {
+    id: i64,
+    /// Row indices of the nonzero entries, in push order.
+    rows: Vec<u32>,
+    /// Values of the entries (only once a value other than 1 appeared).
+    values: Option<Vec<f64>>,
+    /// Row indices of zero entries (dropped, but they count for duplicate detection).
+    zero_rows: Vec<u32>,
+    /// `rows` is strictly increasing.
+    increasing: bool,
+}
+
+/// Make room for one more element, growing by 1/4 rather than doubling: the columns are the
+/// bulk of the builder's memory, and doubling would leave up to half of it unused.
+#[inline]
+fn grow<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 4).max(16));
+    }
+}
+
+impl ColumnAcc {
+    fn push(&mut self, row: u32, v: f64) {
+        if v == 0.0 {
+            self.zero_rows.push(row);
+            return;
+        }
+        if v != 1.0 && self.values.is_none() {
+            let mut values = Vec::with_capacity(self.rows.capacity());
+            values.resize(self.rows.len(), 1.0);
+            self.values = Some(values);
+        }
+        if let Some(values) = &mut self.values {
+            grow(values);
+            values.push(v);
+        }
+        if self.rows.last().is_some_and(|&last| last >= row) {
+            self.increasing = false;
+        }
+        grow(&mut self.rows);
+        self.rows.push(row);
+    }
+
+    /// Sort by row, check for duplicates (zero entries included) and make the column.
+    /// Err carries the smallest duplicated row index.
+    fn finish(mut self, name: Option<String>) -> std::result::Result<Column, u32> {
+        if !self.increasing {
+            match &mut self.values {
+                None => self.rows.sort_unstable(),
+                Some(values) => {
+                    let mut pairs: Vec<(u32, f64)> = self
+                        .rows
+                        .iter()
+                        .copied()
+                        .zip(values.iter().copied())
+                        .collect();
+                    pairs.sort_unstable_by_key(|e| e.0);
+                    for (k, (r, v)) in pairs.into_iter().enumerate() {
+                        self.rows[k] = r;
+                        values[k] = v;
+                    }
+                }
+            }
+            if let Some(w) = self.rows.windows(2).find(|w| w[0] == w[1]) {
+                // Also a zero entry could be a smaller duplicate: fall through to the merge.
+                if self.zero_rows.is_empty() {
+                    return Err(w[0]);
+                }
+            }
+        }
+        if !self.zero_rows.is_empty() {
+            let mut all: Vec<u32> = self.rows.iter().chain(&self.zero_rows).copied().collect();
+            all.sort_unstable();
+            if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+                return Err(w[0]);
+            }
+        }
+        self.rows.shrink_to_fit();
+        let (format, values) = match self.values {
+            Some(mut v) => {
+                v.shrink_to_fit();
+                (ColumnFormat::Sparse, v)
+            }
+            None => (ColumnFormat::Indicator, Vec::new()),
+        };
+        Ok(Column {
+            id: self.id,
+            name,
+            format,
+            rows: self.rows,
+            values,
+        })
+    }
+}
+
+impl DesignBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Drop covariate entries whose row id has no outcome row (counted in
+    /// [`DesignMatrix::dropped_unknown`]) instead of failing.
+    pub fn drop_unknown_rows(&mut self, yes: bool) -> &mut Self {
+        self.drop_unknown_rows = yes;
+        self
+    }
+    /// Add one outcome row.
+    pub fn push_outcome(&mut self, rec: OutcomeRecord) {
+        let o = &mut self.outcomes;
+        let i = o.row_id.len();
+        // Row lookup (and duplicate detection, reported by `build` in row order).
+        let prev = o.row_id.last().copied();
+        match &mut self.row_lookup {
+            RowLookup::Consecutive | RowLookup::Increasing
+                if prev.is_none_or(|p| p < rec.row_id) =>
+            {
+                let consecutive = prev.is_none_or(|p| p.checked_add(1) == Some(rec.row_id));
+                if !consecutive {
+                    self.row_lookup = RowLookup::Increasing;
+                }
+            }
+            RowLookup::Hashed(map) => {
+                if map.insert(rec.row_id, i as u32).is_some() {
+                    self.first_duplicate_row.get_or_insert(i);
+                }
+            }
+            _ => {
+                // Out of order: switch to a hash map over the (distinct, increasing) ids so far.
+                let mut map: HashMap<i64, u32> = o
+                    .row_id
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &id)| (id, k as u32))
+                    .collect();
+                if map.insert(rec.row_id, i as u32).is_some() {
+                    self.first_duplicate_row.get_or_insert(i);
+                }
+                self.row_lookup = RowLookup::Hashed(map);
+            }
+        }
+        o.row_id.push(rec.row_id);
+        o.time.push(rec.time.unwrap_or(1.0));
+        o.y.push(rec.y);
+        let stratum = rec.stratum_id.map(|id| {
+            let next = o.stratum_index.len() as u32;
+            *o.stratum_index.entry(id).or_insert_with(|| {
+                o.stratum_ids.push(id);
+                next
+            })
+        });
+        o.stratum.push(i, stratum, 0);
+        o.weight.push(i, rec.weight, 1.0);
+        o.start_time.push(i, rec.start_time, 0.0);
+        o.offset.push(i, rec.offset, 0.0);
+        o.censor_weight.push(i, rec.censor_weight, 1.0);
+    }
+
+    /// Row index of `row_id` among the outcomes pushed so far.
+    fn row_of(&self, row_id: i64) -> Option<u32> {
+        self.row_lookup.find(&self.outcomes.row_id, row_id)
+    }
+
+    /// Add one covariate entry. Zero values are dropped (after the duplicate check).
+    pub fn push_covariate(&mut self, row_id: i64, covariate_id: i64, value: f64) {
+        let seq = self.n_pushed;
+        self.n_pushed += 1;
+        match self.row_of(row_id) {
+            Some(row) => self.add_entry(seq, row, row_id, covariate_id, value),
+            None => self.pending.push((row_id, covariate_id, value, seq)),
+        }
+    }
+
+    fn add_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
+        if !value.is_finite() {
+            if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
+                let e = Error::BadValue {
+                    row: row as usize,
+                    row_id,
+                    column: "covariate_value".into(),
+                    message: format!("covariate {covariate_id} has non-finite value {value}"),
+                };
+                self.first_non_finite = Some((seq, e));
+            }
+            return;
+        }
+        let next = self.columns.len() as u32;
+        let k = *self.column_index.entry(covariate_id).or_insert(next);
+        if k == next {
+            self.columns.push(ColumnAcc {
+                id: covariate_id,
+                rows: Vec::new(),
+                values: None,
+                zero_rows: Vec::new(),
+                increasing: true,
+            });
+        }
+        self.columns[k as usize].push(row, value);
+    }
+
+    /// Give a covariate a display name.
+    pub fn name_covariate(&mut self, covariate_id: i64, name: impl Into<String>) {
+        self.names.insert(covariate_id, name.into());
+    }
+    /// Number of outcome rows so far.
+    pub fn n_outcomes(&self) -> usize {
+        self.outcomes.row_id.len()
+    }
+
+    /// Validate and build. Checks: at least one row; unique row ids; finite `time`, `y`,
+    /// `weight` (≥ 0), `start_time` (< time), `offset`, `censor_weight` (in (0, 1]); finite
+    /// covariate values; no duplicate (row_id, covariate_id); covariate row ids known (or
+    /// dropped with a count). Model-specific checks (time > 0, y domain) are done by
+    /// [`crate::model::ModelKind::check_rows`].
+    pub fn build(mut self) -> Result<DesignMatrix> {
+        let o = std::mem::take(&mut self.outcomes);
+        let n = o.row_id.len();
+        if n == 0 {
+            return Err(Error::Empty("no outcome rows".into()));
+        }
+        if n > u32::MAX as usize {
+            return Err(Error::Empty("more than 2^32 rows are not supported".into()));
+        }
+        let mixed = |c: Option<usize>, column: &str, what: &str| match c {
+            Some(i) => Err(bad(i, o.row_id[i], column, what)),
+            None => Ok(()),
+        };
+        let present = |v: bool, c: Option<usize>| if v { c } else { None };
+        mixed(
+            present(o.stratum.values.is_some(), o.stratum.first_missing),
+            "stratum_id",
+            "is NULL while other rows have a stratum",
+        )?;
+        mixed(
+            present(o.start_time.values.is_some(), o.start_time.first_missing),
+            "start_time",
+            "is NULL while other rows have one",
+        )?;
+        mixed(
+            present(
+                o.censor_weight.values.is_some(),
+                o.censor_weight.first_missing,
+            ),
+            "censor_weight",
+            "is NULL while other rows have one",
+        )?;
+        for i in 0..n {
+            let row_id = o.row_id[i];
+            if self.first_duplicate_row == Some(i) {
+                return Err(Error::DuplicateRow { row_id });
+            }
+            let time = o.time[i];
+            finite(i, row_id, "time", time)?;
+            finite(i, row_id, "y", o.y[i])?;
+            if let Some(w) = &o.weight.values {
+                let w = w[i];
+                finite(i, row_id, "weight", w)?;
+                if w < 0.0 {
+                    return Err(bad(i, row_id, "weight", format!("is negative ({w})")));
+                }
+            }
+            if let Some(st) = &o.start_time.values {
+                let s = st[i];
+                finite(i, row_id, "start_time", s)?;
+                if s >= time {
+                    return Err(bad(
+                        i,
+                        row_id,
+                        "start_time",
+                        format!("({s}) is not before time ({time})"),
+                    ));
+                }
+            }
+            if let Some(off) = &o.offset.values {
+                finite(i, row_id, "offset", off[i])?;
+            }
+            if let Some(cw) = &o.censor_weight.values {
+                let c = cw[i];
+                finite(i, row_id, "censor_weight", c)?;
+                if !(c > 0.0 && c <= 1.0) {
+                    return Err(bad(
+                        i,
+                        row_id,
+                        "censor_weight",
+                        format!("({c}) is not in (0, 1]"),
+                    ));
+                }
+            }
+        }
+        let has_strata = o.stratum.values.is_some();
+        let rows = Rows {
+            stratum: o.stratum.values.unwrap_or_else(|| vec![0; n]),
+            stratum_ids: if has_strata { o.stratum_ids } else { vec![0] },
+            has_strata,
+            time: o.time,
+            start_time: o.start_time.values,
+            y: o.y,
+            weight: o.weight.values,
+            offset: o.offset.values,
+            censor_weight: o.censor_weight.values,
+            row_id: o.row_id,
+        };
+
+        // Entries pushed before their outcome row.
+        let mut unknown = 0usize;
+        let mut first_unknown = 0i64;
+        let pending = std::mem::take(&mut self.pending);
+        for &(row_id, cov, v, seq) in &pending {
+            match self.row_lookup.find(&rows.row_id, row_id) {
+                Some(row) => self.add_entry(seq, row, row_id, cov, v),
+                None => {
+                    if unknown == 0 {
+                        first_unknown = row_id;
+                    }
+                    unknown += 1;
+                }
+            }
+        }
+        drop(pending);
+        if let Some((_, e)) = self.first_non_finite {
+            return Err(e);
+        }
+        if unknown > 0 && !self.drop_unknown_rows {
+            return Err(Error::UnknownRow {
+                count: unknown,
+                first_row_id: first_unknown,
+            });
+        }
+        drop(self.row_lookup);
+
+        // Columns in covariate-id order.
+        let mut accs = self.columns;
+        accs.sort_unstable_by_key(|c| c.id);
+        let mut columns: Vec<Column> = Vec::with_capacity(accs.len());
+        for acc in accs {
+            let id = acc.id;
+            let name = self.names.get(&id).cloned();
+            match acc.finish(name) {
+                Ok(col) => columns.push(col),
+                Err(row) => {
+                    return Err(Error::DuplicateCovariate {
+                        row_id: rows.row_id[row as usize],
+                        covariate_id: id,
+                    })
+                }
+            }
+        }
+        // Named covariates with no entries still get an (empty) column so the user sees them.
+        for (&id, name) in &self.names {
+            if columns.binary_search_by_key(&id, |c| c.id).is_err() {
+                let pos = columns.partition_point(|c| c.id < id);
+                columns.insert(
+                    pos,
+                    Column {
+                        id,
+                        name: Some(name.clone()),
+                        format: ColumnFormat::Indicator,
+                        rows: Vec::new(),
+                        values: Vec::new(),
+                    },
+                );
+            }
+        }
+        Ok(DesignMatrix {
+            rows,
+            columns,
+            dropped_unknown: unknown,
+        })
+    }
+}
+
+fn bad(row: usize, row_id: i64, column: &str, message: impl Into<String>) -> Error {
+    Error::BadValue {
+        row,
+        row_id,
+        column: column.into(),
+        message: message.into(),
+    }
+}
+
+fn finite(row: usize, row_id: i64, column: &str, v: f64) -> Result<()> {
+    if v.is_finite() {
+        Ok(())
+    } else {
+        Err(bad(row, row_id, column, format!("is not finite ({v})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(row_id: i64, time: f64, y: f64) -> OutcomeRecord {
+        OutcomeRecord {
+            row_id,
+            time: Some(time),
+            y,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn indicator_promoted_to_sparse() {
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(10, 1.0, 1.0));
+        b.push_outcome(rec(11, 2.0, 0.0));
+        b.push_covariate(11, 7, 1.0);
+        b.push_covariate(10, 7, 1.0);
+        b.push_covariate(10, 3, 2.0);
+        let x = b.build().unwrap();
+        assert_eq!(x.columns.len(), 2);
+        assert_eq!(x.columns[0].id, 3);
+        assert_eq!(x.columns[0].format, ColumnFormat::Sparse);
+        assert_eq!(x.columns[1].format, ColumnFormat::Indicator);
+        assert_eq!(x.columns[1].rows, vec![0, 1]);
+    }
+
+    #[test]
+    fn duplicate_covariate_is_an_error() {
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_covariate(1, 5, 1.0);
+        b.push_covariate(1, 5, 1.0);
+        let e = b.build().unwrap_err().to_string();
+        assert!(
+            e.contains("row_id 1") && e.contains("covariate_id 5"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_rows_error_or_dropped() {
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_covariate(2, 5, 1.0);
+        assert!(matches!(
+            b.build(),
+            Err(Error::UnknownRow {
+                count: 1,
+                first_row_id: 2
+            })
+        ));
+        let mut b = DesignBuilder::new();
+        b.drop_unknown_rows(true);
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_covariate(2, 5, 1.0);
+        assert_eq!(b.build().unwrap().dropped_unknown, 1);
+    }
+
+    #[test]
+    fn bad_values_name_row_and_column() {
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(2, f64::NAN, 1.0));
+        let e = b.build().unwrap_err().to_string();
+        assert!(
+            e.contains("row 1") && e.contains("row_id 2") && e.contains("`time`"),
+            "{e}"
+        );
+        assert!(matches!(DesignBuilder::new().build(), Err(Error::Empty(_))));
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(1, 1.0, 1.0));
+        assert!(matches!(b.build(), Err(Error::DuplicateRow { row_id: 1 })));
+    }
+
+    /// Every order of pushing (covariates before or after their outcomes, increasing,
+    /// consecutive or shuffled row ids) builds the same matrix.
+    #[test]
+    fn push_order_does_not_matter() {
+        let ids = [5i64, 6, 7, 9, 12, 40, 41];
+        let entries: Vec<(i64, i64, f64)> = ids
+            .iter()
+            .enumerate()
+            .flat_map(|(k, &r)| {
+                [
+                    (r, 3, 1.0),
+                    (r, 8, if k % 2 == 0 { 1.0 } else { 0.0 }),
+                    (r, 2, k as f64 - 2.0),
+                ]
+            })
+            .collect();
+        let build = |out: &[i64], covs: &[(i64, i64, f64)], covs_first: bool| {
+            let mut b = DesignBuilder::new();
+            if covs_first {
+                for &(r, c, v) in covs {
+                    b.push_covariate(r, c, v);
+                }
+            }
+            for &r in out {
+                b.push_outcome(rec(r, r as f64, 1.0));
+            }
+            if !covs_first {
+                for &(r, c, v) in covs {
+                    b.push_covariate(r, c, v);
+                }
+            }
+            b.build().unwrap()
+        };
+        let reference = build(&ids, &entries, false);
+        assert_eq!(reference.columns.len(), 3);
+        assert_eq!(reference.columns[0].format, ColumnFormat::Sparse);
+        assert_eq!(reference.columns[0].rows, vec![0, 1, 3, 4, 5, 6]);
+        assert_eq!(
+            reference.columns[0].values,
+            vec![-2.0, -1.0, 1.0, 2.0, 3.0, 4.0]
+        );
+        assert_eq!(reference.columns[2].format, ColumnFormat::Indicator);
+        assert_eq!(reference.columns[2].rows, vec![0, 2, 4, 6]);
+        let mut rev = entries.clone();
+        rev.reverse();
+        for covs_first in [false, true] {
+            for covs in [&entries, &rev] {
+                let x = build(&ids, covs, covs_first);
+                for (a, b) in x.columns.iter().zip(&reference.columns) {
+                    assert_eq!(
+                        (a.id, a.format, &a.rows, &a.values),
+                        (b.id, b.format, &b.rows, &b.values)
+                    );
+                }
+            }
+        }
+        // Shuffled row ids: rows keep the outcome order.
+        let shuffled = [41i64, 5, 12, 6, 40, 9, 7];
+        let x = build(&shuffled, &entries, false);
+        let y = build(&shuffled, &rev, true);
+        assert_eq!(x.rows.row_id, shuffled);
+        assert_eq!(x.columns[2].rows, vec![0, 1, 2, 6]);
+        for (a, b) in x.columns.iter().zip(&y.columns) {
+            assert_eq!((a.id, &a.rows, &a.values), (b.id, &b.rows, &b.values));
+        }
+    }
+
+    #[test]
+    fn errors_keep_their_precedence() {
+        // A zero entry still makes a duplicate.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(2, 1.0, 1.0));
+        b.push_covariate(2, 5, 1.0);
+        b.push_covariate(2, 5, 0.0);
+        assert!(matches!(
+            b.build(),
+            Err(Error::DuplicateCovariate {
+                row_id: 2,
+                covariate_id: 5
+            })
+        ));
+        // The first non-finite value in push order wins over unknown rows and duplicates,
+        // also when it was pushed before its outcome.
+        let mut b = DesignBuilder::new();
+        b.push_covariate(2, 5, f64::NAN);
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_covariate(1, 5, f64::INFINITY);
+        b.push_covariate(1, 6, 1.0);
+        b.push_covariate(1, 6, 1.0);
+        b.push_covariate(9, 6, 1.0);
+        b.push_outcome(rec(2, 1.0, 1.0));
+        let e = b.build().unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::BadValue {
+                    row: 1,
+                    row_id: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Outcome errors come first, in row order; duplicate row ids out of order are found.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(3, 1.0, 1.0));
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(rec(3, 1.0, 1.0));
+        b.push_outcome(rec(4, f64::NAN, 1.0));
+        b.push_covariate(7, 1, f64::NAN);
+        assert!(matches!(b.build(), Err(Error::DuplicateRow { row_id: 3 })));
+        // Mixed strata name the first row without one.
+        let mut b = DesignBuilder::new();
+        b.push_outcome(rec(1, 1.0, 1.0));
+        b.push_outcome(OutcomeRecord {
+            stratum_id: Some(4),
+            ..rec(2, 1.0, 1.0)
+        });
+        let e = b.build().unwrap_err().to_string();
+        assert!(e.contains("row_id 1") && e.contains("stratum_id"), "{e}");
+    }
+}

@@ -1,0 +1,1997 @@
+//! Shared risk-set machinery for Cox and Fine–Gray partial likelihoods.
+//!
+//! # Layout
+//!
+//! Rows are sorted once by (stratum, time DESC, row_id) — the order is independent of the input
+//! order — and *event groups* are formed: one group per (stratum, event time) with at least one
+//! event, numbered in that order (so within a stratum group times decrease). Every row k gets
+//!
+//! * `pos(k)`: the first group whose risk set contains it (first group of its stratum with
+//!   t_g ≤ T_k; the stratum end if none),
+//! * for counting-process rows an `exit(k)`: the first group with t_g ≤ start_k,
+//! * for Fine–Gray competing rows (y = 2) a backward part: weight 1/G(T_k−) times G(t_g−) on the
+//!   groups of its stratum before `pos(k)` (t_g > T_k).
+//!
+//! So S0(g) = F(g) + G_g·B(g), with F(g) = Σ w e [pos ≤ g < exit] and B(g) = Σ_competing w e / G_k
+//! [stratum start ≤ g < pos]. For column j, S1(g) = a(g) + G_g b(g) is piecewise constant in g,
+//! with breakpoints at the positions of the column's nonzeros; with prefix sums over groups of
+//! r_g = W_g/S0_g, q_g = W_g/S0_g² (and r_g G_g, q_g G_g, q_g G_g² for Fine–Gray) one coordinate's
+//! gradient and curvature cost O(nnz_j): walk the nonzeros in row order (which is position
+//! order) and add S1 × (prefix difference) per segment. Efron's tied groups add per-group
+//! coefficients (u, v, z below) used at the groups where column j has events.
+//!
+//! After an update the change of w e of the updated rows (multiplied by exp(Δ·x); η itself is
+//! only rebuilt by `set_beta`) is queued and applied lazily before the next gradient, in one
+//! O(G) pass that also rebuilds the prefix sums: on the common path (no tied Efron groups, no
+//! (start, stop] rows) as a sorted queue of (position, change) merged into the pass, otherwise
+//! through dense difference arrays. Coordinates that are not updated (most of them under a
+//! Laplace prior) cost O(nnz_j) only. `set_beta` recomputes everything from scratch.
+//!
+//! # Determinism and threads
+//!
+//! Rows are ordered by (stratum id, time, row id), never by input position, and every sum runs
+//! in a fixed order. The coordinate walk is split into a fixed number of chunks that depends
+//! only on nnz_j (each chunk's runs are computed with a and b starting at 0 and the true
+//! starting values are added when the chunks are combined, in order), and the refresh pass
+//! into a fixed number of group chunks that depends only on G. Rayon runs the chunks in
+//! parallel; the split, and therefore every bit of the result, is the same for any number of
+//! threads.
+
+use std::borrow::Cow;
+
+use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
+use super::Ties;
+use crate::error::{Error, Result};
+
+/// Which partial likelihood a [`RiskSetModel`] evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RiskSetKind {
+    /// Cox proportional hazards (y ∈ {0, 1}, optional (start, stop] rows).
+    Cox,
+    /// Fine–Gray subdistribution hazards (y ∈ {0, 1, 2}).
+    FineGray,
+}
+
+/// Per sorted row: w·e, entry position and stratum, packed for the coordinate walk.
+#[derive(Debug, Clone, Copy, Default)]
+struct RowInfo {
+    we: f64,
+    pos: u32,
+    stratum: u32,
+}
+
+/// One covariate column in sorted-row order (rows that are in no risk set are dropped).
+#[derive(Debug, Clone, Default)]
+struct SortedColumn {
+    rows: Vec<u32>,
+    /// Values per entry; empty for 0/1 columns.
+    vals: Vec<f64>,
+    /// Counting-process exits: (exit position, entry index) sorted by position.
+    exits: Vec<(u32, u32)>,
+    /// Σ over events of w x (constant).
+    event_sum: f64,
+}
+
+impl SortedColumn {
+    #[inline]
+    fn value(&self, i: usize) -> f64 {
+        if self.vals.is_empty() {
+            1.0
+        } else {
+            self.vals[i]
+        }
+    }
+}
+
+/// Cox / Fine–Gray partial likelihood with incrementally maintained risk-set sums.
+#[derive(Debug, Clone)]
+pub struct RiskSetModel {
+    kind: RiskSetKind,
+    ties: Ties,
+    fg: bool,
+    counting: bool,
+    // ---- per sorted row ----
+    w: Vec<f64>,
+    /// Scratch for `set_beta` (η is not maintained by `update`).
+    eta: Vec<f64>,
+    info: Vec<RowInfo>,
+    /// Exit position (counting process; stratum end when none). Empty without start times.
+    exit: Vec<u32>,
+    event: Vec<bool>,
+    /// 1/G(T_k−) for competing rows, 0 otherwise (Fine–Gray only).
+    inv_g: Vec<f64>,
+    /// Offset per sorted row; empty without offsets.
+    offset: Vec<f64>,
+    // ---- strata ----
+    /// Group range of each stratum.
+    s_start: Vec<u32>,
+    s_end: Vec<u32>,
+    /// Sorted-row range of each stratum.
+    row_start: Vec<u32>,
+    row_end: Vec<u32>,
+    /// Strata with at least one group.
+    active_strata: Vec<u32>,
+    /// All counting-process exits (exit position, row) sorted, for `information`.
+    all_exits: Vec<(u32, u32)>,
+    // ---- groups ----
+    g_weight: Vec<f64>,
+    g_count: Vec<u32>,
+    /// G(t_g−) (Fine–Gray); 1 for Cox.
+    g_cens: Vec<f64>,
+    efron_group: Vec<bool>,
+    any_efron: bool,
+    /// Minimum entries per chunk of the walk ([`MIN_CHUNK`]).
+    min_chunk: usize,
+    /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
+    par_min_groups: usize,
+    // ---- columns ----
+    cols: Vec<SortedColumn>,
+    // ---- state ----
+    beta: Vec<f64>,
+    f_sum: Vec<f64>,
+    b_sum: Vec<f64>,
+    e0: Vec<f64>,
+    diff_f: Vec<f64>,
+    diff_b: Vec<f64>,
+    dirty: bool,
+    /// No tied Efron groups and no (start, stop] rows (Cox or Fine–Gray): updates queue sorted
+    /// (position, change) pairs instead of touching the dense difference arrays.
+    simple: bool,
+    /// Every group has total weight 1 (r_g = 1/S0).
+    unit_groups: bool,
+    /// Queued (position, change of w e) of the simple path, sorted by position when `pending_sorted`.
+    pending: Vec<(u32, f64)>,
+    /// Fine–Gray: queued (position, change of B) and per-stratum change of B at the start.
+    pending_b: Vec<(u32, f64)>,
+    b_start: Vec<f64>,
+    pending_sorted: bool,
+    /// Something is queued.
+    queued: bool,
+    /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
+    event_offset_sum: f64,
+    // prefix sums over groups (length G + 1)
+    /// (Σ_{h<g} r_h, Σ_{h<g} q_h) interleaved, so the walk loads one cache line per position.
+    prq: Vec<[f64; 2]>,
+    /// Fine–Gray: prefix sums of (r G, q G, q G²), interleaved.
+    pg: Vec<[f64; 3]>,
+    // Efron per-group coefficients (zero for untied groups)
+    eu: Vec<f64>,
+    ev: Vec<f64>,
+    ez: Vec<f64>,
+}
+
+impl RiskSetModel {
+    /// Build the model. `censor` (Fine–Gray only) is G(T_i−) per input row.
+    pub fn new(
+        x: &DesignMatrix,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        Self::from_columns(x, x.column_source(), ties, kind, censor)
+    }
+
+    /// [`RiskSetModel::new`] on the rows of `x` and the columns `cols` (`x.columns` is not
+    /// used; owned columns are dropped as they are converted).
+    pub fn from_columns(
+        x: &DesignMatrix,
+        cols: ColumnSource<'_>,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        Self::build(Cow::Borrowed(x), cols, ties, kind, censor)
+    }
+
+    /// [`RiskSetModel::new`] consuming the design matrix: the row data is dropped before the
+    /// columns are converted, and each column as soon as it is converted.
+    pub fn from_owned(
+        mut x: DesignMatrix,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        let cols = x.take_columns();
+        Self::build(Cow::Owned(x), cols, ties, kind, censor)
+    }
+
+    fn build(
+        design: Cow<'_, DesignMatrix>,
+        cols: ColumnSource<'_>,
+        ties: Ties,
+        kind: RiskSetKind,
+        censor: Option<&[f64]>,
+    ) -> Result<Self> {
+        let x: &DesignMatrix = &design;
+        let r = &x.rows;
+        let n = x.n_rows();
+        let fg = kind == RiskSetKind::FineGray;
+        let name = if fg { "fine_gray" } else { "cox" };
+        let lens_ok = r.time.len() == n
+            && r.y.len() == n
+            && r.stratum.len() == n
+            && r.weight.as_ref().is_none_or(|v| v.len() == n)
+            && r.offset.as_ref().is_none_or(|v| v.len() == n)
+            && r.start_time.as_ref().is_none_or(|v| v.len() == n)
+            && censor.is_none_or(|v| v.len() == n);
+        if !lens_ok {
+            return Err(Error::BadColumn {
+                column: "rows".into(),
+                message: "row vectors have inconsistent lengths".into(),
+            });
+        }
+        if fg && r.start_time.is_some() {
+            return Err(Error::BadColumn {
+                column: "start_time".into(),
+                message: "counting-process rows are only supported for cox".into(),
+            });
+        }
+        for i in 0..n {
+            let y = r.y[i];
+            let ok = y == 0.0 || y == 1.0 || (fg && y == 2.0);
+            let bad = |column: &str, message: String| Error::BadValue {
+                row: i,
+                row_id: r.row_id[i],
+                column: column.into(),
+                message,
+            };
+            if !ok {
+                return Err(bad(
+                    "y",
+                    format!(
+                        "must be {} for {name} (got {y})",
+                        if fg { "0, 1 or 2" } else { "0 or 1" }
+                    ),
+                ));
+            }
+            if !r.time[i].is_finite() {
+                return Err(bad("time", format!("is not finite ({})", r.time[i])));
+            }
+            let w = x.weight(i);
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(bad("weight", format!("must be finite and ≥ 0 (got {w})")));
+            }
+            if !x.offset(i).is_finite() {
+                return Err(bad("offset", "is not finite".into()));
+            }
+            if let Some(st) = &r.start_time {
+                if !(st[i].is_finite() && st[i] < r.time[i]) {
+                    return Err(bad(
+                        "start_time",
+                        format!("({}) is not before time ({})", st[i], r.time[i]),
+                    ));
+                }
+            }
+        }
+        let n_strata = r.stratum.iter().map(|&s| s as usize + 1).max().unwrap_or(1);
+        // Internal stratum index = rank of the caller's stratum id, so that the order does not
+        // depend on the order in which strata first appear in the input.
+        let stratum_rank: Vec<u32> = {
+            let id = |s: usize| r.stratum_ids.get(s).copied().unwrap_or(s as i64);
+            let mut by_id: Vec<usize> = (0..n_strata).collect();
+            by_id.sort_unstable_by_key(|&s| (id(s), s));
+            let mut rank = vec![0u32; n_strata];
+            for (i, &s) in by_id.iter().enumerate() {
+                rank[s] = i as u32;
+            }
+            rank
+        };
+        let stratum_of = |i: usize| stratum_rank[r.stratum[i] as usize];
+
+        // Sorted order: (stratum, time DESC, row_id).
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            stratum_of(a)
+                .cmp(&stratum_of(b))
+                .then(r.time[b].total_cmp(&r.time[a]))
+                .then(r.row_id[a].cmp(&r.row_id[b]))
+        });
+        let mut new_index = vec![0u32; n];
+        for (k, &o) in order.iter().enumerate() {
+            new_index[o as usize] = k as u32;
+        }
+
+        // Groups and entry positions.
+        let mut info = vec![RowInfo::default(); n];
+        let mut w = vec![0.0; n];
+        let mut offset = if r.offset.is_some() {
+            vec![0.0; n]
+        } else {
+            Vec::new()
+        };
+        let mut event = vec![false; n];
+        let mut s_start = vec![0u32; n_strata];
+        let mut s_end = vec![0u32; n_strata];
+        let mut row_start = vec![0u32; n_strata];
+        let mut row_end = vec![0u32; n_strata];
+        let mut g_time: Vec<f64> = Vec::new();
+        let mut g_weight: Vec<f64> = Vec::new();
+        let mut g_count: Vec<u32> = Vec::new();
+        let mut g_cens: Vec<f64> = Vec::new();
+        let mut k = 0usize;
+        while k < n {
+            let s = stratum_of(order[k] as usize) as usize;
+            s_start[s] = g_time.len() as u32;
+            row_start[s] = k as u32;
+            while k < n && stratum_of(order[k] as usize) as usize == s {
+                let t = r.time[order[k] as usize];
+                let block = k;
+                let mut weight = 0.0;
+                let mut count = 0u32;
+                let mut cens = None;
+                while k < n
+                    && stratum_of(order[k] as usize) as usize == s
+                    && r.time[order[k] as usize] == t
+                {
+                    let o = order[k] as usize;
+                    w[k] = x.weight(o);
+                    if let Some(off) = &r.offset {
+                        offset[k] = off[o];
+                    }
+                    if r.y[o] == 1.0 {
+                        event[k] = true;
+                        weight += w[k];
+                        count += 1;
+                        if cens.is_none() {
+                            cens = Some(censor.map_or(1.0, |c| c[o]));
+                        }
+                    }
+                    k += 1;
+                }
+                let pos = g_time.len() as u32;
+                for row in &mut info[block..k] {
+                    *row = RowInfo {
+                        we: 0.0,
+                        pos,
+                        stratum: s as u32,
+                    };
+                }
+                if count > 0 {
+                    g_time.push(t);
+                    g_weight.push(weight);
+                    g_count.push(count);
+                    g_cens.push(cens.unwrap_or(1.0));
+                }
+            }
+            s_end[s] = g_time.len() as u32;
+            row_end[s] = k as u32;
+        }
+        let n_groups = g_time.len();
+        if n_groups == 0 {
+            return Err(Error::Empty(format!(
+                "{name}: no events (y = 1) in the data"
+            )));
+        }
+        // Rows whose time is below every event time of their stratum got pos = stratum end.
+        let active_strata: Vec<u32> = (0..n_strata as u32)
+            .filter(|&s| s_start[s as usize] < s_end[s as usize])
+            .collect();
+
+        // Counting-process exits.
+        let counting = r.start_time.is_some();
+        let mut exit = Vec::new();
+        let mut all_exits = Vec::new();
+        if let Some(st) = &r.start_time {
+            exit = vec![0u32; n];
+            for ki in 0..n {
+                let o = order[ki] as usize;
+                let s = info[ki].stratum as usize;
+                let (a, b) = (s_start[s] as usize, s_end[s] as usize);
+                let times = &g_time[a..b];
+                let e = a + times.partition_point(|&t| t > st[o]);
+                exit[ki] = (e as u32).max(info[ki].pos);
+                if exit[ki] < s_end[s] {
+                    all_exits.push((exit[ki], ki as u32));
+                }
+            }
+            all_exits.sort_unstable();
+        }
+
+        // Fine–Gray backward weights.
+        let mut inv_g = Vec::new();
+        if fg {
+            inv_g = vec![0.0; n];
+            for ki in 0..n {
+                let o = order[ki] as usize;
+                if r.y[o] == 2.0 {
+                    let s = info[ki].stratum as usize;
+                    if info[ki].pos > s_start[s] {
+                        let g = censor.map_or(1.0, |c| c[o]);
+                        if !(g.is_finite() && g > 0.0) {
+                            return Err(Error::BadValue {
+                                row: o,
+                                row_id: r.row_id[o],
+                                column: "censor_weight".into(),
+                                message: format!(
+                                    "competing event with censoring survival G(T−) = {g}: it must stay in \
+                                     later risk sets with weight G(t−)/G(T−), which needs G(T−) > 0"
+                                ),
+                            });
+                        }
+                        inv_g[ki] = 1.0 / g;
+                    }
+                }
+            }
+        }
+
+        // The row data is no longer needed (freed here when owned).
+        drop(order);
+        drop(design);
+        // Columns in sorted order, dropping rows that are in no risk set.
+        let contributes = |ki: usize| -> bool {
+            let s = info[ki].stratum as usize;
+            info[ki].pos < s_end[s] || (fg && inv_g[ki] != 0.0)
+        };
+        let sort_column = |c: &super::design::Column| {
+            let mut col = SortedColumn::default();
+            if c.format == ColumnFormat::Indicator {
+                // Row indices only (no (row, value) scratch for 0/1 columns).
+                col.rows.reserve_exact(c.nnz());
+                col.rows.extend(
+                    c.rows
+                        .iter()
+                        .map(|&i| new_index[i as usize])
+                        .filter(|&ki| contributes(ki as usize)),
+                );
+                col.rows.sort_unstable();
+                col.rows.shrink_to_fit();
+            } else {
+                let mut tmp: Vec<(u32, f64)> = Vec::with_capacity(c.nnz());
+                tmp.extend(
+                    c.entries()
+                        .map(|(i, v)| (new_index[i], v))
+                        .filter(|&(ki, v)| v != 0.0 && contributes(ki as usize)),
+                );
+                tmp.sort_unstable_by_key(|e| e.0);
+                col.rows = tmp.iter().map(|e| e.0).collect();
+                if !tmp.iter().all(|e| e.1 == 1.0) {
+                    col.vals = tmp.iter().map(|e| e.1).collect();
+                }
+            }
+            for i in 0..col.rows.len() {
+                let ki = col.rows[i] as usize;
+                if event[ki] {
+                    col.event_sum += w[ki] * col.value(i);
+                }
+                if counting && exit[ki] < s_end[info[ki].stratum as usize] {
+                    col.exits.push((exit[ki], i as u32));
+                }
+            }
+            col.exits.sort_unstable();
+            col
+        };
+        // Independent per column, so the result does not depend on the thread count.
+        let cols: Vec<SortedColumn> = cols.par_map(sort_column);
+
+        let efron_group: Vec<bool> = g_count
+            .iter()
+            .map(|&d| ties == Ties::Efron && d >= 2)
+            .collect();
+        let any_efron = efron_group.iter().any(|&b| b);
+        let p = cols.len();
+        let mut m = RiskSetModel {
+            kind,
+            ties,
+            fg,
+            counting,
+            w,
+            eta: vec![0.0; n],
+            info,
+            exit,
+            event,
+            inv_g,
+            offset,
+            s_start,
+            s_end,
+            row_start,
+            row_end,
+            active_strata,
+            all_exits,
+            g_weight,
+            g_count,
+            g_cens,
+            efron_group,
+            any_efron,
+            min_chunk: MIN_CHUNK,
+            par_min_groups: PAR_MIN_GROUPS,
+            cols,
+            beta: vec![0.0; p],
+            f_sum: vec![0.0; n_groups],
+            b_sum: if fg { vec![0.0; n_groups] } else { Vec::new() },
+            e0: vec![0.0; n_groups],
+            diff_f: vec![0.0; n_groups + 1],
+            diff_b: if fg {
+                vec![0.0; n_groups + 1]
+            } else {
+                Vec::new()
+            },
+            dirty: true,
+            simple: !counting && !any_efron,
+            unit_groups: false,
+            pending: Vec::new(),
+            pending_b: Vec::new(),
+            b_start: if fg { vec![0.0; n_strata] } else { Vec::new() },
+            pending_sorted: true,
+            queued: false,
+            event_offset_sum: 0.0,
+            prq: vec![[0.0; 2]; n_groups + 1],
+            pg: if fg {
+                vec![[0.0; 3]; n_groups + 1]
+            } else {
+                Vec::new()
+            },
+            eu: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
+            ev: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
+            ez: if any_efron {
+                vec![0.0; n_groups]
+            } else {
+                Vec::new()
+            },
+        };
+        m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
+        m.event_offset_sum = (0..m.offset.len())
+            .filter(|&k| m.event[k])
+            .map(|k| m.w[k] * m.offset[k])
+            .sum();
+        let beta = vec![0.0; p];
+        m.set_beta(&beta);
+        Ok(m)
+    }
+
+    /// Use chunks of at least `entries` column entries (tests force tiny chunks with it).
+    #[cfg(test)]
+    pub(crate) fn set_min_chunk(&mut self, entries: usize) {
+        self.min_chunk = entries;
+        self.par_min_groups = entries.saturating_mul(4);
+    }
+
+    /// Which likelihood this is.
+    pub fn kind(&self) -> RiskSetKind {
+        self.kind
+    }
+
+    /// Tie handling.
+    pub fn ties(&self) -> Ties {
+        self.ties
+    }
+
+    /// Number of event groups (distinct (stratum, event time) pairs).
+    pub fn n_groups(&self) -> usize {
+        self.g_weight.len()
+    }
+
+    /// Number of coefficients.
+    pub fn n_coef(&self) -> usize {
+        self.cols.len()
+    }
+
+    /// Scatter a change `delta` of w·e of sorted row `k` into the difference arrays.
+    #[inline]
+    fn scatter(&mut self, k: usize, delta: f64) {
+        let RowInfo { pos, stratum, .. } = self.info[k];
+        let (st, end) = (self.s_start[stratum as usize], self.s_end[stratum as usize]);
+        if pos < end {
+            self.diff_f[pos as usize] += delta;
+            if self.counting && self.exit[k] < end {
+                self.diff_f[self.exit[k] as usize] -= delta;
+            }
+            if self.any_efron && self.event[k] {
+                self.e0[pos as usize] += delta;
+            }
+        }
+        if self.fg {
+            let inv = self.inv_g[k];
+            if inv != 0.0 {
+                let d = delta * inv;
+                self.diff_b[st as usize] += d;
+                if pos < end {
+                    self.diff_b[pos as usize] -= d;
+                }
+            }
+        }
+        self.dirty = true;
+    }
+
+    /// Set β and recompute η, w·e and every risk-set sum from scratch.
+    pub fn set_beta(&mut self, beta: &[f64]) {
+        let p = self.cols.len().min(beta.len());
+        self.beta[..p].copy_from_slice(&beta[..p]);
+        if self.offset.is_empty() {
+            self.eta.fill(0.0);
+        } else {
+            self.eta.copy_from_slice(&self.offset);
+        }
+        for (col, &b) in self.cols.iter().zip(&self.beta) {
+            if b == 0.0 {
+                continue;
+            }
+            for (i, &k) in col.rows.iter().enumerate() {
+                self.eta[k as usize] += b * col.value(i);
+            }
+        }
+        self.f_sum.fill(0.0);
+        self.b_sum.fill(0.0);
+        self.e0.fill(0.0);
+        self.diff_f.fill(0.0);
+        self.diff_b.fill(0.0);
+        self.pending.clear();
+        self.pending_b.clear();
+        self.b_start.fill(0.0);
+        self.queued = false;
+        self.pending_sorted = true;
+        for k in 0..self.eta.len() {
+            let we = self.w[k] * self.eta[k].exp();
+            self.info[k].we = we;
+            self.scatter(k, we);
+        }
+        self.refresh();
+    }
+
+    /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
+    /// their prefix sums. O(G).
+    fn refresh(&mut self) {
+        if self.queued {
+            if !self.pending_sorted {
+                // Stable: equal positions keep their (deterministic) queue order.
+                self.pending.sort_by_key(|e| e.0);
+                self.pending_b.sort_by_key(|e| e.0);
+                self.pending_sorted = true;
+            }
+            match (self.unit_groups, self.fg) {
+                (true, false) => self.refresh_pending::<true, false>(),
+                (false, false) => self.refresh_pending::<false, false>(),
+                (true, true) => self.refresh_pending::<true, true>(),
+                (false, true) => self.refresh_pending::<false, true>(),
+            }
+            self.pending.clear();
+            self.pending_b.clear();
+            self.b_start.fill(0.0);
+            self.queued = false;
+        }
+        if !self.dirty {
+            return;
+        }
+        match (self.fg, self.any_efron) {
+            (false, false) => self.refresh_impl::<false, false>(),
+            (false, true) => self.refresh_impl::<false, true>(),
+            (true, false) => self.refresh_impl::<true, false>(),
+            (true, true) => self.refresh_impl::<true, true>(),
+        }
+        self.dirty = false;
+    }
+
+    /// One fused pass over the groups: apply the pending differences, then r_g, q_g (Efron:
+    /// u, v, z) and their prefix sums.
+    fn refresh_impl<const FG: bool, const EFRON: bool>(&mut self) {
+        let (mut r_acc, mut q_acc, mut rg_acc, mut qg_acc, mut qgg_acc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for si in 0..self.active_strata.len() {
+            let s = self.active_strata[si] as usize;
+            let (a, b) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (mut run_f, mut run_b) = (0.0, 0.0);
+            for g in a..b {
+                run_f += self.diff_f[g];
+                self.diff_f[g] = 0.0;
+                let f = self.f_sum[g] + run_f;
+                self.f_sum[g] = f;
+                let s0 = if FG {
+                    run_b += self.diff_b[g];
+                    self.diff_b[g] = 0.0;
+                    let bb = self.b_sum[g] + run_b;
+                    self.b_sum[g] = bb;
+                    f + self.g_cens[g] * bb
+                } else {
+                    f
+                };
+                let wg = self.g_weight[g];
+                let (r, q) = if EFRON && self.efron_group[g] {
+                    let d = self.g_count[g];
+                    let wbar = wg / d as f64;
+                    let e0 = self.e0[g];
+                    let (mut r, mut q, mut u, mut v, mut z) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                    for l in 0..d {
+                        let f = l as f64 / d as f64;
+                        let inv = 1.0 / (s0 - f * e0);
+                        let inv2 = inv * inv;
+                        r += wbar * inv;
+                        q += wbar * inv2;
+                        u += wbar * f * inv;
+                        v += wbar * f * inv2;
+                        z += wbar * f * f * inv2;
+                    }
+                    if wg == 0.0 {
+                        (r, q, u, v, z) = (0.0, 0.0, 0.0, 0.0, 0.0);
+                    }
+                    self.eu[g] = u;
+                    self.ev[g] = v;
+                    self.ez[g] = z;
+                    (r, q)
+                } else {
+                    let inv = 1.0 / s0;
+                    let r = wg * inv;
+                    if wg != 0.0 {
+                        (r, r * inv)
+                    } else {
+                        (0.0, 0.0)
+                    }
+                };
+                r_acc += r;
+                q_acc += q;
+                self.prq[g + 1] = [r_acc, q_acc];
+                if FG {
+                    let gc = self.g_cens[g];
+                    rg_acc += r * gc;
+                    qg_acc += q * gc;
+                    qgg_acc += q * gc * gc;
+                    self.pg[g + 1] = [rg_acc, qg_acc, qgg_acc];
+                }
+            }
+        }
+    }
+
+    /// The queued path's refresh: merge the sorted queues of changes into F (and B for
+    /// Fine–Gray) and rebuild r, q (and r G, q G, q G²) and their prefix sums. The groups are
+    /// split into a fixed number of chunks (a function of G only, so results never depend on
+    /// the thread count); each chunk builds local prefix sums, and a second pass adds the chunk
+    /// offsets.
+    fn refresh_pending<const UNIT: bool, const FG: bool>(&mut self) {
+        let queue_f = std::mem::take(&mut self.pending);
+        let queue_b = std::mem::take(&mut self.pending_b);
+        let n_groups = self.g_weight.len();
+        let n_chunks = if n_groups >= self.par_min_groups {
+            REFRESH_CHUNKS
+        } else {
+            1
+        };
+        let bounds: Vec<usize> = (0..=n_chunks).map(|c| c * n_groups / n_chunks).collect();
+        let starts: Vec<u32> = self
+            .active_strata
+            .iter()
+            .map(|&s| self.s_start[s as usize])
+            .collect();
+        let starts_b: Vec<f64> = if FG {
+            self.active_strata
+                .iter()
+                .map(|&s| self.b_start[s as usize])
+                .collect()
+        } else {
+            vec![0.0; starts.len()]
+        };
+        let sum_between = |q: &[(u32, f64)], lo: usize, hi: usize| -> f64 {
+            let a = q.partition_point(|e| (e.0 as usize) < lo);
+            let b = q.partition_point(|e| (e.0 as usize) < hi);
+            q[a..b.max(a)].iter().map(|e| e.1).sum()
+        };
+        let slice_of = |q: &'_ [(u32, f64)], lo: usize, hi: usize| -> std::ops::Range<usize> {
+            let a = q.partition_point(|e| (e.0 as usize) < lo);
+            let b = q.partition_point(|e| (e.0 as usize) < hi);
+            a..b.max(a)
+        };
+        let mut jobs = Vec::with_capacity(n_chunks);
+        {
+            let mut f_rest = &mut self.f_sum[..];
+            let mut b_rest = &mut self.b_sum[..];
+            let mut o_rest = &mut self.prq[1..];
+            let mut og_rest: &mut [[f64; 3]] = if FG { &mut self.pg[1..] } else { &mut [] };
+            for c in 0..n_chunks {
+                let (c0, c1) = (bounds[c], bounds[c + 1]);
+                let len = c1 - c0;
+                let (f, fr) = f_rest.split_at_mut(len);
+                f_rest = fr;
+                let (o, or) = o_rest.split_at_mut(len);
+                o_rest = or;
+                let (b, og) = if FG {
+                    let (b, br) = b_rest.split_at_mut(len);
+                    b_rest = br;
+                    let (og, ogr) = og_rest.split_at_mut(len);
+                    og_rest = ogr;
+                    (b, og)
+                } else {
+                    (&mut [][..], &mut [][..])
+                };
+                // The stratum containing c0 starts at the last start ≤ c0.
+                let own = starts.partition_point(|&st| st as usize <= c0);
+                let stratum_start = if own > 0 { starts[own - 1] as usize } else { 0 };
+                let carry_f = sum_between(&queue_f, stratum_start, c0);
+                let carry_b = if FG && own > 0 {
+                    starts_b[own - 1] + sum_between(&queue_b, stratum_start, c0)
+                } else {
+                    0.0
+                };
+                let s1 = starts.partition_point(|&st| (st as usize) < c1).max(own);
+                jobs.push(ChunkJob {
+                    c0,
+                    f,
+                    b,
+                    out: o,
+                    out_g: og,
+                    queue_f: &queue_f[slice_of(&queue_f, c0, c1)],
+                    queue_b: &queue_b[slice_of(&queue_b, c0, c1)],
+                    starts: &starts[own..s1],
+                    starts_b: &starts_b[own..s1],
+                    carry_f,
+                    carry_b,
+                });
+            }
+        }
+        let weight = &self.g_weight[..];
+        let g_cens = &self.g_cens[..];
+        let run_chunk = |job: ChunkJob| refresh_chunk::<UNIT, FG>(job, weight, g_cens);
+        let totals: Vec<[f64; 5]> = if n_chunks == 1 {
+            jobs.into_iter().map(run_chunk).collect()
+        } else {
+            use rayon::prelude::*;
+            jobs.into_par_iter().map(run_chunk).collect()
+        };
+        if n_chunks > 1 {
+            let mut offsets = Vec::with_capacity(n_chunks);
+            let mut acc = [0.0; 5];
+            for t in &totals {
+                offsets.push(acc);
+                for (a, v) in acc.iter_mut().zip(t) {
+                    *a += v;
+                }
+            }
+            use rayon::prelude::*;
+            let mut slices = Vec::with_capacity(n_chunks);
+            let mut o_rest = &mut self.prq[1..];
+            let mut og_rest: &mut [[f64; 3]] = if FG { &mut self.pg[1..] } else { &mut [] };
+            for c in 0..n_chunks {
+                let len = bounds[c + 1] - bounds[c];
+                let (o, or) = o_rest.split_at_mut(len);
+                o_rest = or;
+                let og = if FG {
+                    let (og, ogr) = og_rest.split_at_mut(len);
+                    og_rest = ogr;
+                    og
+                } else {
+                    &mut [][..]
+                };
+                slices.push((o, og, offsets[c]));
+            }
+            slices.into_par_iter().skip(1).for_each(|(o, og, off)| {
+                for v in o.iter_mut() {
+                    v[0] += off[0];
+                    v[1] += off[1];
+                }
+                for v in og.iter_mut() {
+                    v[0] += off[2];
+                    v[1] += off[3];
+                    v[2] += off[4];
+                }
+            });
+        }
+        self.pending = queue_f;
+        self.pending_b = queue_b;
+    }
+
+    /// S0 of group `g` at the current state.
+    #[inline]
+    fn s0(&self, g: usize) -> f64 {
+        if self.fg {
+            self.f_sum[g] + self.g_cens[g] * self.b_sum[g]
+        } else {
+            self.f_sum[g]
+        }
+    }
+
+    /// Log partial likelihood at the current state.
+    pub fn log_likelihood(&mut self) -> f64 {
+        self.refresh();
+        let mut ll = self.event_offset_sum;
+        for (col, &b) in self.cols.iter().zip(&self.beta) {
+            if b != 0.0 {
+                ll += b * col.event_sum;
+            }
+        }
+        for g in 0..self.g_weight.len() {
+            let wg = self.g_weight[g];
+            if wg == 0.0 {
+                continue;
+            }
+            let s0 = self.s0(g);
+            if self.any_efron && self.efron_group[g] {
+                let d = self.g_count[g];
+                let wbar = wg / d as f64;
+                for l in 0..d {
+                    ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
+                }
+            } else {
+                ll -= wg * s0.ln();
+            }
+        }
+        ll
+    }
+
+    /// β_j += delta.
+    pub fn update(&mut self, j: usize, delta: f64) {
+        if j >= self.cols.len() {
+            return;
+        }
+        self.beta[j] += delta;
+        // Temporarily take the column out to avoid borrowing self twice.
+        let col = std::mem::take(&mut self.cols[j]);
+        // η is not kept between cycles (set_beta recomputes it); w e changes by exp(Δ x).
+        if self.simple {
+            // Positions within one column are nondecreasing; only a second update before the
+            // next refresh can unsort the queues.
+            let first = col
+                .rows
+                .first()
+                .map_or(u32::MAX, |&k| self.info[k as usize].pos);
+            self.pending_sorted &= self.pending.last().is_none_or(|&(p, _)| first >= p);
+            self.pending_sorted &= self.pending_b.last().is_none_or(|&(p, _)| first >= p);
+            self.pending.reserve(col.rows.len());
+            self.queued = true;
+        }
+        let factor = delta.exp();
+        for (i, &k) in col.rows.iter().enumerate() {
+            if i + UPDATE_AHEAD < col.rows.len() {
+                prefetch(
+                    self.info
+                        .as_ptr()
+                        .wrapping_add(col.rows[i + UPDATE_AHEAD] as usize),
+                );
+            }
+            let k = k as usize;
+            let f = if col.vals.is_empty() {
+                factor
+            } else {
+                (delta * col.vals[i]).exp()
+            };
+            let old = self.info[k].we;
+            let we = old * f;
+            self.info[k].we = we;
+            if self.simple {
+                let RowInfo { pos, stratum, .. } = self.info[k];
+                let inside = pos < self.s_end[stratum as usize];
+                let change = we - old;
+                if inside {
+                    self.pending.push((pos, change));
+                }
+                if self.fg && self.inv_g[k] != 0.0 {
+                    let d = change * self.inv_g[k];
+                    self.b_start[stratum as usize] += d;
+                    if inside {
+                        self.pending_b.push((pos, -d));
+                    }
+                }
+            } else {
+                self.scatter(k, we - old);
+            }
+        }
+        if self.simple {
+            // Positions within one column are nondecreasing.
+        } else {
+            self.dirty = true;
+        }
+        self.cols[j] = col;
+    }
+
+    /// (∂LL/∂β_j, −∂²LL/∂β_j²) at the current state.
+    pub fn gradient_hessian(&mut self, j: usize) -> (f64, f64) {
+        if j >= self.cols.len() {
+            return (0.0, 0.0);
+        }
+        self.refresh();
+        let col = &self.cols[j];
+        let n = col.rows.len();
+        if n == 0 {
+            return (0.0, 0.0);
+        }
+        let bounds = self.chunk_bounds(col);
+        let walk = |c: usize| -> ChunkOut {
+            let (i0, i1) = (bounds[c], bounds[c + 1]);
+            match (col.vals.is_empty(), self.fg) {
+                (true, false) => self.walk_chunk::<true, false>(col, i0, i1),
+                (false, false) => self.walk_chunk::<false, false>(col, i0, i1),
+                (true, true) => self.walk_chunk::<true, true>(col, i0, i1),
+                (false, true) => self.walk_chunk::<false, true>(col, i0, i1),
+            }
+        };
+        let n_chunks = bounds.len() - 1;
+        let outs: Vec<ChunkOut> = if n_chunks == 1 {
+            vec![walk(0)]
+        } else {
+            use rayon::prelude::*;
+            (0..n_chunks).into_par_iter().map(walk).collect()
+        };
+        // Combine in chunk order (fixed, independent of the number of threads).
+        let mut acc = WalkAcc::default();
+        let mut pending: Vec<Piece> = Vec::new();
+        for out in outs {
+            for piece in out.open {
+                let ends = piece.ends;
+                pending.push(piece);
+                if ends {
+                    acc.add(&self.resolve(&pending));
+                    pending.clear();
+                }
+            }
+            acc.add(&out.resolved);
+        }
+        if col.vals.is_empty() {
+            // x² = x: the S2 sums equal the S1 sums.
+            acc.lin2 = acc.lin;
+        }
+        let g = col.event_sum - acc.lin + acc.gcorr;
+        let h = acc.lin2 - acc.quad + acc.hcorr;
+        (g, h)
+    }
+
+    /// Split a column's entries into a fixed number of chunks (depends only on the data, never
+    /// on the thread count), cutting only where the (stratum, position) key changes.
+    fn chunk_bounds(&self, col: &SortedColumn) -> Vec<usize> {
+        let n = col.rows.len();
+        let n_chunks = if self.counting {
+            1
+        } else {
+            (n / self.min_chunk.max(1)).clamp(1, MAX_CHUNKS)
+        };
+        let mut bounds = Vec::with_capacity(n_chunks + 1);
+        bounds.push(0);
+        let key = |i: usize| {
+            let ri = self.info[col.rows[i] as usize];
+            (ri.stratum, ri.pos)
+        };
+        for c in 1..n_chunks {
+            let mut i = (c * n / n_chunks).max(*bounds.last().unwrap_or(&0));
+            while i > 0 && i < n && key(i) == key(i - 1) {
+                i += 1;
+            }
+            if i > *bounds.last().unwrap_or(&0) && i < n {
+                bounds.push(i);
+            }
+        }
+        bounds.push(n);
+        bounds
+    }
+
+    /// The walk without counting-process exits: a tight loop over the entries of each run.
+    #[inline(never)]
+    fn walk_entries<const IND: bool, const FG: bool>(
+        &self,
+        col: &SortedColumn,
+        i0: usize,
+        i1: usize,
+    ) -> ChunkOut {
+        let mut out = ChunkOut::default();
+        let rows = &col.rows[..];
+        let vals = &col.vals[..];
+        let efron = self.any_efron;
+        let mut i = i0;
+        while i < i1 {
+            let first = self.info[rows[i] as usize];
+            let s = first.stratum;
+            let continues = i == i0 && i0 > 0 && self.info[rows[i0 - 1] as usize].stratum == s;
+            let start = if continues {
+                first.pos
+            } else {
+                self.s_start[s as usize]
+            };
+            // A local copy that never escapes, so that the hot state stays in registers.
+            let mut r = Run::open(self, start, !continues);
+            while i < i1 {
+                // The gathers are monotone but sparse: fetch ahead (a hint; never faults).
+                if i + INFO_AHEAD < i1 {
+                    prefetch(
+                        self.info
+                            .as_ptr()
+                            .wrapping_add(rows[i + INFO_AHEAD] as usize),
+                    );
+                }
+                if i + PREFIX_AHEAD < i1 {
+                    let ahead = self.info[rows[i + PREFIX_AHEAD] as usize].pos as usize;
+                    prefetch(self.prq.as_ptr().wrapping_add(ahead));
+                }
+                let k = rows[i] as usize;
+                let ri = self.info[k];
+                if ri.stratum != s {
+                    break;
+                }
+                let p = ri.pos;
+                if p != r.p0 {
+                    if efron {
+                        self.efron_eval::<FG>(&mut r);
+                    }
+                    self.flush::<FG>(&mut r, p);
+                }
+                let x = if IND { 1.0 } else { vals[i] };
+                let c = ri.we * x;
+                r.a += c;
+                if !IND {
+                    r.a2 += c * x;
+                }
+                if FG {
+                    let inv = self.inv_g[k];
+                    r.b -= c * inv;
+                    if !IND {
+                        r.b2 -= c * x * inv;
+                    }
+                }
+                if efron
+                    && self.event[k]
+                    && (p as usize) < self.efron_group.len()
+                    && self.efron_group[p as usize]
+                {
+                    r.e1 += c;
+                    r.e2 += c * x;
+                    r.pending = true;
+                }
+                i += 1;
+            }
+            let mut run = r;
+            if i == i1 && i1 < rows.len() && self.info[rows[i1] as usize].stratum == s {
+                // The stratum continues in the next chunk, whose first position ends this run.
+                if efron {
+                    self.efron_eval::<FG>(&mut run);
+                }
+                self.flush::<FG>(&mut run, self.info[rows[i1] as usize].pos);
+                out.open.push(run.piece(false));
+            } else {
+                self.finish_run::<FG>(&mut run, s, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The walk over entries `i0..i1` of one column (plus its exits when it is the only chunk).
+    #[inline(never)]
+    fn walk_chunk<const IND: bool, const FG: bool>(
+        &self,
+        col: &SortedColumn,
+        i0: usize,
+        i1: usize,
+    ) -> ChunkOut {
+        let mut out = ChunkOut::default();
+        let mut run = Run::default();
+        let mut cur_s = u32::MAX;
+        let exits: &[(u32, u32)] = if i0 == 0 && i1 == col.rows.len() {
+            &col.exits
+        } else {
+            &[]
+        };
+        if exits.is_empty() {
+            return self.walk_entries::<IND, FG>(col, i0, i1);
+        }
+        let mut xi = 0usize;
+        let mut i = i0;
+        let efron = self.any_efron;
+        let stratum_of_entry = |i: usize| self.info[col.rows[i] as usize].stratum;
+        loop {
+            // Next breakpoint: entry i or exit xi, by (stratum, position).
+            let entry_key = (i < i1).then(|| {
+                let ri = self.info[col.rows[i] as usize];
+                (ri.stratum, ri.pos)
+            });
+            let exit_key = (xi < exits.len()).then(|| {
+                let (p, ei) = exits[xi];
+                (stratum_of_entry(ei as usize), p)
+            });
+            let (take_exit, (s, p)) = match (entry_key, exit_key) {
+                (None, None) => break,
+                (Some(e), None) => (false, e),
+                (None, Some(x)) => (true, x),
+                (Some(e), Some(x)) => {
+                    if x < e {
+                        (true, x)
+                    } else {
+                        (false, e)
+                    }
+                }
+            };
+            if s != cur_s {
+                if cur_s != u32::MAX {
+                    self.finish_run::<FG>(&mut run, cur_s, &mut out);
+                }
+                cur_s = s;
+                let continues = i == i0 && i0 > 0 && stratum_of_entry(i0 - 1) == s;
+                run = Run::open(
+                    self,
+                    if continues {
+                        p
+                    } else {
+                        self.s_start[s as usize]
+                    },
+                    !continues,
+                );
+            }
+            if p != run.p0 {
+                if efron {
+                    self.efron_eval::<FG>(&mut run);
+                }
+                self.flush::<FG>(&mut run, p);
+            }
+            let (ei, sign) = if take_exit {
+                let e = exits[xi].1 as usize;
+                xi += 1;
+                (e, -1.0)
+            } else {
+                i += 1;
+                (i - 1, 1.0)
+            };
+            let k = col.rows[ei] as usize;
+            let x = if IND { 1.0 } else { col.vals[ei] };
+            let c = self.info[k].we * x * sign;
+            run.a += c;
+            if !IND {
+                run.a2 += c * x;
+            }
+            if FG {
+                let inv = self.inv_g[k];
+                run.b -= c * inv;
+                if !IND {
+                    run.b2 -= c * x * inv;
+                }
+            }
+            if efron
+                && !take_exit
+                && self.event[k]
+                && (p as usize) < self.efron_group.len()
+                && self.efron_group[p as usize]
+            {
+                run.e1 += c;
+                run.e2 += c * x;
+                run.pending = true;
+            }
+        }
+        if cur_s != u32::MAX {
+            if i1 < col.rows.len() && stratum_of_entry(i1) == cur_s {
+                // The stratum continues in the next chunk, whose first position ends this run.
+                if efron {
+                    self.efron_eval::<FG>(&mut run);
+                }
+                self.flush::<FG>(&mut run, self.info[col.rows[i1] as usize].pos);
+                out.open.push(run.piece(false));
+            } else {
+                self.finish_run::<FG>(&mut run, cur_s, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Close a run at its stratum's end.
+    fn finish_run<const FG: bool>(&self, run: &mut Run, s: u32, out: &mut ChunkOut) {
+        if self.any_efron {
+            self.efron_eval::<FG>(run);
+        }
+        self.flush::<FG>(run, self.s_end[s as usize]);
+        let piece = run.piece(true);
+        if run.starts {
+            out.resolved.add(&self.resolve(&[piece]));
+        } else {
+            out.open.push(piece);
+        }
+    }
+
+    /// Resolve the runs of one whole stratum (in order): run i started with a = Σ_{k<i} a_k
+    /// and b = Btot + Σ_{k<i} b_k, where the backward total Btot = −Σ_k b_k (the walk starts b
+    /// at 0 and subtracts every competing row once).
+    fn resolve(&self, pieces: &[Piece]) -> WalkAcc {
+        let mut acc = WalkAcc::default();
+        let (mut a, mut a2) = (0.0, 0.0);
+        let mut b = -pieces.iter().map(|p| p.b).sum::<f64>();
+        let mut b2 = -pieces.iter().map(|p| p.b2).sum::<f64>();
+        for p in pieces {
+            let (s, e) = (p.p_first as usize, p.p_end as usize);
+            let (dr, dq) = (
+                self.prq[e][0] - self.prq[s][0],
+                self.prq[e][1] - self.prq[s][1],
+            );
+            let mut piece = p.acc;
+            piece.lin += a * dr;
+            piece.lin2 += a2 * dr;
+            piece.quad += 2.0 * a * p.cross_q + a * a * dq;
+            piece.hcorr += 2.0 * a * p.ve1;
+            if self.fg {
+                let drg = self.pg[e][0] - self.pg[s][0];
+                let (dqg, dqgg) = (self.pg[e][1] - self.pg[s][1], self.pg[e][2] - self.pg[s][2]);
+                piece.lin += b * drg;
+                piece.lin2 += b2 * drg;
+                piece.quad += 2.0 * b * p.cross_qg + 2.0 * a * b * dqg + b * b * dqgg;
+                piece.hcorr += 2.0 * b * p.ve1g;
+            }
+            acc.add(&piece);
+            a += p.a;
+            a2 += p.a2;
+            b += p.b;
+            b2 += p.b2;
+        }
+        acc
+    }
+
+    #[inline(always)]
+    fn flush<const FG: bool>(&self, run: &mut Run, p1: u32) {
+        if p1 <= run.p0 {
+            return;
+        }
+        let p = p1 as usize;
+        let [r1, q1] = self.prq[p];
+        let (dr, dq) = (r1 - run.r0, q1 - run.q0);
+        let (a, a2) = (run.a, run.a2);
+        if FG {
+            let [rg1, qg1, qgg1] = self.pg[p];
+            let (drg, dqg, dqgg) = (rg1 - run.rg0, qg1 - run.qg0, qgg1 - run.qgg0);
+            let b = run.b;
+            run.acc.lin += a * dr + b * drg;
+            run.acc.lin2 += a2 * dr + run.b2 * drg;
+            run.acc.quad += a * a * dq + 2.0 * a * b * dqg + b * b * dqgg;
+            // Σ S1 q and Σ S1 q G over the run, for the offsets resolved later.
+            run.cross_q += a * dq + b * dqg;
+            run.cross_qg += a * dqg + b * dqgg;
+            run.rg0 = rg1;
+            run.qg0 = qg1;
+            run.qgg0 = qgg1;
+        } else {
+            run.acc.lin += a * dr;
+            run.acc.lin2 += a2 * dr;
+            run.acc.quad += a * a * dq;
+            run.cross_q += a * dq;
+        }
+        run.r0 = r1;
+        run.q0 = q1;
+        run.p0 = p1;
+    }
+
+    #[inline(always)]
+    fn efron_eval<const FG: bool>(&self, run: &mut Run) {
+        if !run.pending {
+            return;
+        }
+        let g = run.p0 as usize;
+        let s1 = if FG {
+            run.a + self.g_cens[g] * run.b
+        } else {
+            run.a
+        };
+        let (u, v, z) = (self.eu[g], self.ev[g], self.ez[g]);
+        run.acc.gcorr += u * run.e1;
+        run.acc.hcorr -= u * run.e2 - 2.0 * v * s1 * run.e1 + z * run.e1 * run.e1;
+        run.ve1 += v * run.e1;
+        if FG {
+            run.ve1g += v * run.e1 * self.g_cens[g];
+        }
+        run.e1 = 0.0;
+        run.e2 = 0.0;
+        run.pending = false;
+    }
+
+    /// Observed information (−Hessian) over `cols`, row-major, from per-group sums.
+    pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let n = self.eta.len();
+        let mut out = vec![0.0; k * k];
+        if k == 0 {
+            return out;
+        }
+        // Dense copies of the requested columns in sorted order.
+        let mut xs = vec![0.0; k * n]; // row-major by row: xs[row * k + a]
+        for (a, &j) in cols.iter().enumerate() {
+            if let Some(col) = self.cols.get(j) {
+                for (i, &row) in col.rows.iter().enumerate() {
+                    xs[row as usize * k + a] = col.value(i);
+                }
+            }
+        }
+        let add = |s0: &mut f64, s1: &mut [f64], s2: &mut [f64], c: f64, x: &[f64]| {
+            *s0 += c;
+            for a in 0..k {
+                s1[a] += c * x[a];
+                for b in 0..k {
+                    s2[a * k + b] += c * x[a] * x[b];
+                }
+            }
+        };
+        let (mut f1, mut f2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut b1, mut b2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut e1, mut e2) = (vec![0.0; k], vec![0.0; k * k]);
+        let (mut s1, mut s2) = (vec![0.0; k], vec![0.0; k * k]);
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            let mut f0 = 0.0;
+            let mut b0 = 0.0;
+            f1.fill(0.0);
+            f2.fill(0.0);
+            b1.fill(0.0);
+            b2.fill(0.0);
+            if self.fg {
+                for row in ra..rb {
+                    if self.inv_g[row] != 0.0 {
+                        let c = self.info[row].we * self.inv_g[row];
+                        add(&mut b0, &mut b1, &mut b2, c, &xs[row * k..row * k + k]);
+                    }
+                }
+            }
+            let mut ptr = ra;
+            for g in ga..gb {
+                let mut e0 = 0.0;
+                e1.fill(0.0);
+                e2.fill(0.0);
+                while ptr < rb && (self.info[ptr].pos as usize) <= g {
+                    let c = self.info[ptr].we;
+                    let x = &xs[ptr * k..ptr * k + k];
+                    add(&mut f0, &mut f1, &mut f2, c, x);
+                    if self.fg && self.inv_g[ptr] != 0.0 {
+                        add(&mut b0, &mut b1, &mut b2, -c * self.inv_g[ptr], x);
+                    }
+                    if self.event[ptr] {
+                        add(&mut e0, &mut e1, &mut e2, c, x);
+                    }
+                    ptr += 1;
+                }
+                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= g {
+                    let row = self.all_exits[xp].1 as usize;
+                    add(
+                        &mut f0,
+                        &mut f1,
+                        &mut f2,
+                        -self.info[row].we,
+                        &xs[row * k..row * k + k],
+                    );
+                    xp += 1;
+                }
+                let gc = if self.fg { self.g_cens[g] } else { 0.0 };
+                let s0 = f0 + gc * b0;
+                for a in 0..k {
+                    s1[a] = f1[a] + gc * b1[a];
+                }
+                for a in 0..k * k {
+                    s2[a] = f2[a] + gc * b2[a];
+                }
+                let wg = self.g_weight[g];
+                if wg == 0.0 {
+                    continue;
+                }
+                let (d, efron) = (self.g_count[g], self.any_efron && self.efron_group[g]);
+                let terms = if efron { d } else { 1 };
+                let wbar = if efron { wg / d as f64 } else { wg };
+                for l in 0..terms {
+                    let f = if efron { l as f64 / d as f64 } else { 0.0 };
+                    let den = s0 - f * e0;
+                    for a in 0..k {
+                        let ma = s1[a] - f * e1[a];
+                        for b in 0..k {
+                            let mb = s1[b] - f * e1[b];
+                            out[a * k + b] += wbar
+                                * ((s2[a * k + b] - f * e2[a * k + b]) / den
+                                    - ma * mb / (den * den));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One chunk of [`RiskSetModel::refresh_pending`].
+struct ChunkJob<'a> {
+    /// First group of the chunk; the chunk is `c0 .. c0 + f.len()`.
+    c0: usize,
+    f: &'a mut [f64],
+    /// Fine–Gray backward sums (empty for Cox).
+    b: &'a mut [f64],
+    out: &'a mut [[f64; 2]],
+    out_g: &'a mut [[f64; 3]],
+    /// Queued changes of F and B inside the chunk, sorted by position.
+    queue_f: &'a [(u32, f64)],
+    queue_b: &'a [(u32, f64)],
+    /// Stratum starts inside the chunk (after c0), where the running changes reset (B to
+    /// the stratum's queued start change).
+    starts: &'a [u32],
+    starts_b: &'a [f64],
+    /// Changes carried in from the chunk's stratum before c0.
+    carry_f: f64,
+    carry_b: f64,
+}
+
+/// Run one chunk: returns the chunk's (Σ r, Σ q, Σ r G, Σ q G, Σ q G²).
+fn refresh_chunk<const UNIT: bool, const FG: bool>(
+    job: ChunkJob<'_>,
+    weight: &[f64],
+    g_cens: &[f64],
+) -> [f64; 5] {
+    let ChunkJob {
+        c0,
+        f,
+        b,
+        out,
+        out_g,
+        queue_f,
+        queue_b,
+        starts,
+        starts_b,
+        carry_f,
+        carry_b,
+    } = job;
+    let c1 = c0 + f.len();
+    let mut acc = [0.0f64; 5];
+    let (mut fi, mut bi, mut si) = (0usize, 0usize, 0usize);
+    let (mut run_f, mut run_b) = (carry_f, carry_b);
+    let mut g = c0;
+    while g < c1 {
+        if si < starts.len() && starts[si] as usize == g {
+            run_f = 0.0;
+            run_b = starts_b[si];
+            si += 1;
+        }
+        while fi < queue_f.len() && queue_f[fi].0 as usize <= g {
+            run_f += queue_f[fi].1;
+            fi += 1;
+        }
+        while bi < queue_b.len() && queue_b[bi].0 as usize <= g {
+            run_b += queue_b[bi].1;
+            bi += 1;
+        }
+        let mut next = c1;
+        if fi < queue_f.len() {
+            next = next.min(queue_f[fi].0 as usize);
+        }
+        if bi < queue_b.len() {
+            next = next.min(queue_b[bi].0 as usize);
+        }
+        if si < starts.len() {
+            next = next.min(starts[si] as usize);
+        }
+        let next = next.max(g + 1);
+        let (lo, hi) = (g - c0, next - c0);
+        for i in lo..hi {
+            let s0_f = f[i] + run_f;
+            f[i] = s0_f;
+            let gc = if FG { g_cens[c0 + i] } else { 1.0 };
+            let s0 = if FG {
+                let bv = b[i] + run_b;
+                b[i] = bv;
+                s0_f + gc * bv
+            } else {
+                s0_f
+            };
+            let inv = 1.0 / s0;
+            let wg = weight[c0 + i];
+            let (r, q) = if UNIT {
+                (inv, inv * inv)
+            } else if wg != 0.0 {
+                let r = wg * inv;
+                (r, r * inv)
+            } else {
+                (0.0, 0.0)
+            };
+            acc[0] += r;
+            acc[1] += q;
+            out[i] = [acc[0], acc[1]];
+            if FG {
+                acc[2] += r * gc;
+                acc[3] += q * gc;
+                acc[4] += q * gc * gc;
+                out_g[i] = [acc[2], acc[3], acc[4]];
+            }
+        }
+        g = next;
+    }
+    acc
+}
+
+/// Ask the CPU to fetch the cache line holding `p` (no effect on other architectures).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` is only a hint; it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// How far ahead the walk prefetches row data and prefix sums (entries).
+const INFO_AHEAD: usize = 48;
+/// Groups from which the simple path's refresh is split into chunks.
+const PAR_MIN_GROUPS: usize = 1 << 15;
+/// Chunks of that refresh (fixed, so the split never depends on the thread count).
+const REFRESH_CHUNKS: usize = 8;
+/// Prefetch distance of `update`.
+const UPDATE_AHEAD: usize = 32;
+/// See [`INFO_AHEAD`].
+const PREFIX_AHEAD: usize = 24;
+
+/// Entries per chunk below which a column is walked in one piece.
+const MIN_CHUNK: usize = 2048;
+/// Most chunks per column (fixed; the thread count never changes the split).
+const MAX_CHUNKS: usize = 16;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct WalkAcc {
+    lin: f64,
+    lin2: f64,
+    quad: f64,
+    gcorr: f64,
+    hcorr: f64,
+}
+
+impl WalkAcc {
+    fn add(&mut self, o: &WalkAcc) {
+        self.lin += o.lin;
+        self.lin2 += o.lin2;
+        self.quad += o.quad;
+        self.gcorr += o.gcorr;
+        self.hcorr += o.hcorr;
+    }
+}
+
+/// The sums of one run (part of a stratum) computed with a and b starting at 0, plus what is
+/// needed to add the true starting values later.
+#[derive(Debug, Default, Clone, Copy)]
+struct Piece {
+    acc: WalkAcc,
+    p_first: u32,
+    p_end: u32,
+    ends: bool,
+    cross_q: f64,
+    cross_qg: f64,
+    ve1: f64,
+    ve1g: f64,
+    a: f64,
+    a2: f64,
+    b: f64,
+    b2: f64,
+}
+
+/// Result of walking one chunk: fully resolved strata plus at most two open runs (the first
+/// and the last stratum, when they continue in a neighbouring chunk).
+#[derive(Debug, Default)]
+struct ChunkOut {
+    resolved: WalkAcc,
+    open: Vec<Piece>,
+}
+
+/// Running state of the walk inside one run.
+#[derive(Debug, Default, Clone, Copy)]
+struct Run {
+    acc: WalkAcc,
+    starts: bool,
+    p_first: u32,
+    p0: u32,
+    r0: f64,
+    q0: f64,
+    rg0: f64,
+    qg0: f64,
+    qgg0: f64,
+    a: f64,
+    a2: f64,
+    b: f64,
+    b2: f64,
+    cross_q: f64,
+    cross_qg: f64,
+    ve1: f64,
+    ve1g: f64,
+    e1: f64,
+    e2: f64,
+    pending: bool,
+}
+
+impl Run {
+    fn open(m: &RiskSetModel, p: u32, starts: bool) -> Self {
+        let i = p as usize;
+        Run {
+            starts,
+            p_first: p,
+            p0: p,
+            r0: m.prq[i][0],
+            q0: m.prq[i][1],
+            rg0: if m.fg { m.pg[i][0] } else { 0.0 },
+            qg0: if m.fg { m.pg[i][1] } else { 0.0 },
+            qgg0: if m.fg { m.pg[i][2] } else { 0.0 },
+            ..Default::default()
+        }
+    }
+
+    fn piece(&self, ends: bool) -> Piece {
+        Piece {
+            acc: self.acc,
+            p_first: self.p_first,
+            p_end: self.p0,
+            ends,
+            cross_q: self.cross_q,
+            cross_qg: self.cross_qg,
+            ve1: self.ve1,
+            ve1g: self.ve1g,
+            a: self.a,
+            a2: self.a2,
+            b: self.b,
+            b2: self.b2,
+        }
+    }
+}
+
+/// Test support shared by the Cox and Fine–Gray unit tests: a seeded generator of small data
+/// sets and a slow, obviously-correct O(N²) reference built from direct risk-set sums.
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod test_support {
+    use super::super::design::{DesignBuilder, DesignMatrix, OutcomeRecord};
+    use super::super::{Likelihood, Ties};
+
+    /// xorshift64* (seeded, no dependencies).
+    pub struct Rng(pub u64);
+    impl Rng {
+        pub fn next_u64(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        pub fn unif(&mut self) -> f64 {
+            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next_u64() % n
+        }
+    }
+
+    /// Options of the random data.
+    #[derive(Clone, Copy)]
+    pub struct Spec {
+        pub n: usize,
+        pub p: usize,
+        pub strata: u64,
+        pub weights: bool,
+        pub counting: bool,
+        pub fine_gray: bool,
+        pub offset: bool,
+    }
+
+    /// Random outcome rows (with many ties) and covariates: columns 0..p/2 indicator, the
+    /// rest with real values.
+    pub fn random_records(spec: Spec, seed: u64) -> (Vec<OutcomeRecord>, Vec<(i64, i64, f64)>) {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut recs = Vec::new();
+        let mut covs = Vec::new();
+        for i in 0..spec.n {
+            let time = (1 + rng.below(8)) as f64;
+            let u = rng.unif();
+            let y = if spec.fine_gray {
+                if u < 0.4 {
+                    1.0
+                } else if u < 0.7 {
+                    2.0
+                } else {
+                    0.0
+                }
+            } else if u < 0.55 {
+                1.0
+            } else {
+                0.0
+            };
+            let row_id = 1000 + 7 * i as i64;
+            recs.push(OutcomeRecord {
+                row_id,
+                stratum_id: (spec.strata > 1).then(|| 50 - rng.below(spec.strata) as i64),
+                time: Some(time),
+                y,
+                weight: spec.weights.then(|| 0.25 + 2.0 * rng.unif()),
+                start_time: spec.counting.then(|| {
+                    (rng.below(time as u64) as f64)
+                        - 0.5 * rng.unif() * f64::from(u8::from(rng.below(2) == 0))
+                }),
+                offset: spec.offset.then(|| 0.3 * rng.unif() - 0.15),
+                censor_weight: None,
+            });
+            for j in 0..spec.p {
+                if rng.unif() < 0.45 {
+                    let v = if j < spec.p / 2 {
+                        1.0
+                    } else {
+                        (rng.unif() * 2.0 - 0.7).round() * 0.5 + 0.1
+                    };
+                    covs.push((row_id, j as i64 * 3 + 1, v));
+                }
+            }
+        }
+        (recs, covs)
+    }
+
+    pub fn build(recs: &[OutcomeRecord], covs: &[(i64, i64, f64)]) -> DesignMatrix {
+        let mut b = DesignBuilder::new();
+        for r in recs {
+            b.push_outcome(*r);
+        }
+        for &(r, c, v) in covs {
+            b.push_covariate(r, c, v);
+        }
+        b.build().expect("valid test data")
+    }
+
+    /// Brute-force LL, gradient and information (−Hessian) at β, straight from the definitions.
+    /// `censor` = G(T−) per row (Fine–Gray), `None` for Cox.
+    pub fn brute(
+        x: &DesignMatrix,
+        beta: &[f64],
+        ties: Ties,
+        censor: Option<&[f64]>,
+    ) -> (f64, Vec<f64>, Vec<f64>) {
+        let n = x.n_rows();
+        let p = x.n_cols();
+        let r = &x.rows;
+        let xd: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(n)).collect();
+        let eta: Vec<f64> = (0..n)
+            .map(|i| x.offset(i) + (0..p).map(|j| beta[j] * xd[j][i]).sum::<f64>())
+            .collect();
+        let mut ll = 0.0;
+        let mut grad = vec![0.0; p];
+        let mut info = vec![0.0; p * p];
+        for i in 0..n {
+            if r.y[i] == 1.0 {
+                ll += x.weight(i) * eta[i];
+                for j in 0..p {
+                    grad[j] += x.weight(i) * xd[j][i];
+                }
+            }
+        }
+        // Distinct (stratum, event time).
+        let mut keys: Vec<(u32, f64)> = (0..n)
+            .filter(|&i| r.y[i] == 1.0)
+            .map(|i| (r.stratum[i], r.time[i]))
+            .collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        keys.dedup();
+        for &(s, t) in &keys {
+            let events: Vec<usize> = (0..n)
+                .filter(|&i| r.stratum[i] == s && r.time[i] == t && r.y[i] == 1.0)
+                .collect();
+            let g_t = censor.map_or(1.0, |c| c[events[0]]);
+            let mut s0 = 0.0;
+            let mut s1 = vec![0.0; p];
+            let mut s2 = vec![0.0; p * p];
+            for k in 0..n {
+                if r.stratum[k] != s {
+                    continue;
+                }
+                let fwd = r.time[k] >= t && r.start_time.as_ref().is_none_or(|st| st[k] < t);
+                let wt = if fwd {
+                    1.0
+                } else if censor.is_some() && r.y[k] == 2.0 && r.time[k] < t {
+                    g_t / censor.unwrap()[k]
+                } else {
+                    continue;
+                };
+                let c = wt * x.weight(k) * eta[k].exp();
+                s0 += c;
+                for a in 0..p {
+                    s1[a] += c * xd[a][k];
+                    for b in 0..p {
+                        s2[a * p + b] += c * xd[a][k] * xd[b][k];
+                    }
+                }
+            }
+            let d = events.len();
+            let wsum: f64 = events.iter().map(|&i| x.weight(i)).sum();
+            let mut e0 = 0.0;
+            let mut e1 = vec![0.0; p];
+            let mut e2 = vec![0.0; p * p];
+            for &k in &events {
+                let c = x.weight(k) * eta[k].exp();
+                e0 += c;
+                for a in 0..p {
+                    e1[a] += c * xd[a][k];
+                    for b in 0..p {
+                        e2[a * p + b] += c * xd[a][k] * xd[b][k];
+                    }
+                }
+            }
+            let (terms, wbar) = match ties {
+                Ties::Breslow => (1, wsum),
+                Ties::Efron => (d, wsum / d as f64),
+            };
+            for l in 0..terms {
+                let f = l as f64 / d as f64;
+                let den = s0 - f * e0;
+                ll -= wbar * den.ln();
+                for a in 0..p {
+                    let ma = s1[a] - f * e1[a];
+                    grad[a] -= wbar * ma / den;
+                    for b in 0..p {
+                        let mb = s1[b] - f * e1[b];
+                        info[a * p + b] += wbar
+                            * ((s2[a * p + b] - f * e2[a * p + b]) / den - ma * mb / (den * den));
+                    }
+                }
+            }
+        }
+        (ll, grad, info)
+    }
+
+    pub fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+    }
+
+    /// Compare the likelihood's state at `beta` against the brute force (LL, every g_j and h_j,
+    /// and the full information matrix).
+    pub fn check(
+        lik: &mut dyn Likelihood,
+        x: &DesignMatrix,
+        beta: &[f64],
+        ties: Ties,
+        censor: Option<&[f64]>,
+        what: &str,
+    ) {
+        let (ll, grad, info) = brute(x, beta, ties, censor);
+        let p = beta.len();
+        let got = lik.log_likelihood();
+        assert!(close(got, ll, 1e-10), "{what}: LL {got} vs {ll}");
+        for j in 0..p {
+            let (g, h) = lik.gradient_hessian(j);
+            assert!(close(g, grad[j], 1e-9), "{what}: g[{j}] {g} vs {}", grad[j]);
+            assert!(
+                close(h, info[j * p + j], 1e-9),
+                "{what}: h[{j}] {h} vs {}",
+                info[j * p + j]
+            );
+        }
+        let cols: Vec<usize> = (0..p).collect();
+        let got = lik.information(&cols);
+        for (a, (&u, &v)) in got.iter().zip(&info).enumerate() {
+            assert!(close(u, v, 1e-9), "{what}: info[{a}] {u} vs {v}");
+        }
+    }
+
+    /// Set β, check, then a sequence of updates (each checked), then set_beta again.
+    pub fn exercise(
+        lik: &mut dyn Likelihood,
+        x: &DesignMatrix,
+        ties: Ties,
+        censor: Option<&[f64]>,
+        seed: u64,
+        what: &str,
+    ) {
+        let p = x.n_cols();
+        let mut rng = Rng(seed | 1);
+        let mut beta: Vec<f64> = (0..p).map(|_| rng.unif() - 0.5).collect();
+        lik.set_beta(&beta);
+        check(
+            lik,
+            x,
+            &beta,
+            ties,
+            censor,
+            &format!("{what} after set_beta"),
+        );
+        for step in 0..2 * p {
+            let j = rng.below(p as u64) as usize;
+            let d = rng.unif() - 0.5;
+            beta[j] += d;
+            lik.update(j, d);
+            if step % 2 == 1 {
+                check(
+                    lik,
+                    x,
+                    &beta,
+                    ties,
+                    censor,
+                    &format!("{what} after update {step}"),
+                );
+            }
+        }
+        lik.set_beta(&beta);
+        check(
+            lik,
+            x,
+            &beta,
+            ties,
+            censor,
+            &format!("{what} after second set_beta"),
+        );
+    }
+}

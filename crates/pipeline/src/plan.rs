@@ -1,0 +1,750 @@
+//! From a checked pipeline file to analysis units: resolve the stores, expand each analysis'
+//! concept-set lists into units (every combination), fill the SQL placeholders, fingerprint
+//! each unit, and check everything against the OMOP store before any work starts (tables,
+//! concepts, cohorts, every query planned).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::array::Array;
+use datafusion::prelude::SessionContext;
+
+use super::spec::{self, ConceptSetSpec, DesignKind, PipelineFile, Source, ROLES};
+use super::PipelineError;
+use epifusion_core::model::ModelKind;
+
+/// A CDM table that concept sets can draw records from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTable {
+    /// Table name.
+    pub table: &'static str,
+    /// Concept-id column.
+    pub concept: &'static str,
+    /// Start-date column.
+    pub start: &'static str,
+    /// End-date column (NULL ends fall back to the start).
+    pub end: &'static str,
+    /// The `concept.domain_id` whose concepts default to this table.
+    pub domain: Option<&'static str>,
+}
+
+/// Tables of [`EventTable`].
+pub const EVENT_TABLES: &[EventTable] = &[
+    EventTable {
+        table: "drug_era",
+        concept: "drug_concept_id",
+        start: "drug_era_start_date",
+        end: "drug_era_end_date",
+        domain: Some("Drug"),
+    },
+    EventTable {
+        table: "drug_exposure",
+        concept: "drug_concept_id",
+        start: "drug_exposure_start_date",
+        end: "drug_exposure_end_date",
+        domain: None,
+    },
+    EventTable {
+        table: "condition_occurrence",
+        concept: "condition_concept_id",
+        start: "condition_start_date",
+        end: "condition_end_date",
+        domain: Some("Condition"),
+    },
+    EventTable {
+        table: "condition_era",
+        concept: "condition_concept_id",
+        start: "condition_era_start_date",
+        end: "condition_era_end_date",
+        domain: None,
+    },
+    EventTable {
+        table: "procedure_occurrence",
+        concept: "procedure_concept_id",
+        start: "procedure_date",
+        end: "procedure_date",
+        domain: Some("Procedure"),
+    },
+    EventTable {
+        table: "measurement",
+        concept: "measurement_concept_id",
+        start: "measurement_date",
+        end: "measurement_date",
+        domain: Some("Measurement"),
+    },
+    EventTable {
+        table: "observation",
+        concept: "observation_concept_id",
+        start: "observation_date",
+        end: "observation_date",
+        domain: Some("Observation"),
+    },
+    EventTable {
+        table: "visit_occurrence",
+        concept: "visit_concept_id",
+        start: "visit_start_date",
+        end: "visit_end_date",
+        domain: Some("Visit"),
+    },
+    EventTable {
+        table: "death",
+        concept: "cause_concept_id",
+        start: "death_date",
+        end: "death_date",
+        domain: None,
+    },
+];
+
+/// The [`EventTable`] called `name`.
+pub fn event_table(name: &str) -> Option<&'static EventTable> {
+    EVENT_TABLES.iter().find(|t| t.table == name)
+}
+
+/// A value of the pipeline file with where it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Located<T> {
+    /// The value.
+    pub value: T,
+    /// Its byte span in the file.
+    pub span: Range<usize>,
+    /// Its key, for messages (e.g. `analysis `a`: sql.outcomes`).
+    pub key: String,
+}
+
+/// The queries of a `design = "sql"` unit, placeholders filled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlQueries {
+    /// Statements run before the queries.
+    pub setup: Option<Located<String>>,
+    /// Outcome rows.
+    pub outcomes: Located<String>,
+    /// Covariates.
+    pub covariates: Option<Located<String>>,
+    /// Attrition.
+    pub attrition: Option<Located<String>>,
+    /// Covariate reference.
+    pub covariate_ref: Option<Located<String>>,
+}
+
+impl SqlQueries {
+    /// The queries that return tables, by name (`setup` excluded).
+    pub fn tables(&self) -> Vec<(&'static str, &Located<String>)> {
+        let mut v = vec![("outcomes", &self.outcomes)];
+        for (n, q) in [
+            ("covariates", &self.covariates),
+            ("attrition", &self.attrition),
+            ("covariate_ref", &self.covariate_ref),
+        ] {
+            if let Some(q) = q {
+                v.push((n, q));
+            }
+        }
+        v
+    }
+}
+
+/// How a unit's study tables are built.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Design {
+    /// SQL queries.
+    Sql(Box<SqlQueries>),
+    /// `[analysis.sccs]` settings, for the study module's `SccsDesign`.
+    Sccs(toml::Table),
+    /// `[analysis.cohort]` settings, for the study module's `CohortDesign`.
+    Cohort(toml::Table),
+}
+
+impl Design {
+    /// The design's name.
+    pub fn kind(&self) -> DesignKind {
+        match self {
+            Design::Sql(_) => DesignKind::Sql,
+            Design::Sccs(_) => DesignKind::Sccs,
+            Design::Cohort(_) => DesignKind::Cohort,
+        }
+    }
+}
+
+/// One analysis unit: an analysis with one concept set per role; one fit, one set of results.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    /// Unique id, also its folder name: the analysis name, then the concept sets, `.`-joined.
+    pub id: String,
+    /// The `[[analysis]]` name.
+    pub name: String,
+    /// Free text.
+    pub description: Option<String>,
+    /// How the study tables are built.
+    pub design: Design,
+    /// Model.
+    pub model: ModelKind,
+    /// (role, concept-set name), in [`ROLES`] order.
+    pub roles: Vec<(&'static str, String)>,
+    /// The concept-set definitions used, by name.
+    pub concept_sets: BTreeMap<String, ConceptSetSpec>,
+    /// JSON options of the `*_fit` function.
+    pub fit_options: serde_json::Value,
+    /// Covariate ids for the forest plot (None: the unpenalized ones).
+    pub report: Option<Vec<i64>>,
+    /// Hash of everything the results depend on (see [`fingerprint`]).
+    pub fingerprint: String,
+    /// Where the analysis is written (its `name` value).
+    pub span: Range<usize>,
+}
+
+impl Analysis {
+    /// The concept set bound to `role` (`exposure`, `target`, …).
+    pub fn role(&self, role: &str) -> Option<&str> {
+        self.roles
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, s)| s.as_str())
+    }
+}
+
+/// A loaded, checked pipeline.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// The file.
+    pub source: Source,
+    /// The parsed file (spans for the store checks).
+    pub file: PipelineFile,
+    /// Name (report title).
+    pub name: String,
+    /// Description.
+    pub description: Option<String>,
+    /// Source store (folder or URL).
+    pub omop: String,
+    /// Output (folder or URL).
+    pub output: String,
+    /// Units, in file order.
+    pub analyses: Vec<Analysis>,
+}
+
+/// Resolve a folder or URL given in the file: relative folders are relative to the file.
+fn resolve_location(value: &str, base: &Path) -> String {
+    if value.contains("://") {
+        return value.to_string();
+    }
+    let p = PathBuf::from(value);
+    let joined = if p.is_absolute() { p } else { base.join(p) };
+    normalize(&joined).display().to_string()
+}
+
+/// `a/b/../c` → `a/c` without touching the file system (object-store paths reject `..`).
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) {
+                    out.pop();
+                } else {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        out
+    }
+}
+
+/// Parse and check `path`; `omop` / `output` (from the command line) override the file's.
+pub fn load(
+    path: &Path,
+    omop: Option<&str>,
+    output: Option<&str>,
+) -> Result<Pipeline, PipelineError> {
+    let source = Source::read(path)?;
+    let file = spec::parse(&source)?;
+    spec::check(&file, &source)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let omop = match (omop, &file.omop) {
+        (Some(o), _) => o.to_string(),
+        (None, Some(o)) => resolve_location(o.get_ref(), base),
+        (None, None) => {
+            return Err(source.error(0..0, "omop", "no source store: set `omop` or give --omop"))
+        }
+    };
+    // A local store by its absolute path: the fingerprints do not depend on the working folder.
+    let omop = match std::fs::canonicalize(&omop) {
+        Ok(abs) if !omop.contains("://") => abs.display().to_string(),
+        _ => omop,
+    };
+    let output = match (output, &file.output) {
+        (Some(o), _) => o.to_string(),
+        (None, Some(o)) => resolve_location(o.get_ref(), base),
+        (None, None) => {
+            return Err(source.error(
+                0..0,
+                "output",
+                "no output location: set `output` or give --output",
+            ))
+        }
+    };
+    let name = file.name.as_ref().map_or_else(
+        || {
+            path.file_stem()
+                .map_or("pipeline".into(), |s| s.to_string_lossy().into_owned())
+        },
+        |n| n.get_ref().clone(),
+    );
+    let mut analyses = Vec::new();
+    for a in &file.analyses {
+        analyses.extend(expand(a, &file, &source, &omop)?);
+    }
+    let mut seen = BTreeMap::new();
+    for a in &analyses {
+        if seen.insert(a.id.clone(), ()).is_some() {
+            return Err(source.error(
+                a.span.clone(),
+                "analysis.name",
+                format!("two analysis units have the id `{}`", a.id),
+            ));
+        }
+    }
+    Ok(Pipeline {
+        description: file.description.clone(),
+        source,
+        file,
+        name,
+        omop,
+        output,
+        analyses,
+    })
+}
+
+/// Every combination of the analysis' concept-set lists (target = comparator skipped).
+fn expand(
+    a: &spec::AnalysisSpec,
+    file: &PipelineFile,
+    src: &Source,
+    omop: &str,
+) -> Result<Vec<Analysis>, PipelineError> {
+    let model = spec::model_of(a, src)?;
+    let fit_options = spec::fit_options_json(a, model, src)?;
+    let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
+    for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {
+        if list.is_empty() {
+            continue;
+        }
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                list.iter().map(move |s| {
+                    let mut c = c.clone();
+                    c.push((*role, s.get_ref().clone()));
+                    c
+                })
+            })
+            .collect();
+    }
+    let name = a.name.get_ref();
+    let mut units = Vec::new();
+    for roles in combos {
+        let get = |r: &str| roles.iter().find(|(k, _)| *k == r).map(|(_, v)| v);
+        if get("target").is_some() && get("target") == get("comparator") {
+            continue;
+        }
+        let id = std::iter::once(name.clone())
+            .chain(roles.iter().map(|(_, s)| s.clone()))
+            .collect::<Vec<_>>()
+            .join(".");
+        let design = match a.design.get_ref() {
+            DesignKind::Sql => {
+                let q = a.sql.as_ref().map(|s| s.get_ref()).ok_or_else(|| {
+                    src.error(a.design.span(), "design", "missing [analysis.sql]")
+                })?;
+                let fill = |key: &str, s: &toml::Spanned<String>| {
+                    fill_placeholders(s.get_ref(), &roles)
+                        .map(|value| Located {
+                            value,
+                            span: s.span(),
+                            key: format!("analysis `{name}`: sql.{key}"),
+                        })
+                        .map_err(|role| {
+                            src.error(
+                                s.span(),
+                                format!("analysis `{name}`: sql.{key}"),
+                                format!(
+                                    "uses {{{role}}} but the analysis lists no {role} concept sets"
+                                ),
+                            )
+                        })
+                };
+                let opt = |key: &str, s: &Option<toml::Spanned<String>>| {
+                    s.as_ref().map(|s| fill(key, s)).transpose()
+                };
+                Design::Sql(Box::new(SqlQueries {
+                    setup: opt("setup", &q.setup)?,
+                    outcomes: fill("outcomes", &q.outcomes)?,
+                    covariates: opt("covariates", &q.covariates)?,
+                    attrition: opt("attrition", &q.attrition)?,
+                    covariate_ref: opt("covariate_ref", &q.covariate_ref)?,
+                }))
+            }
+            DesignKind::Sccs => Design::Sccs(
+                a.sccs
+                    .as_ref()
+                    .map(|t| t.get_ref().clone())
+                    .unwrap_or_default(),
+            ),
+            DesignKind::Cohort => Design::Cohort(
+                a.cohort
+                    .as_ref()
+                    .map(|t| t.get_ref().clone())
+                    .unwrap_or_default(),
+            ),
+        };
+        let concept_sets: BTreeMap<String, ConceptSetSpec> = roles
+            .iter()
+            .map(|(_, s)| (s.clone(), file.concept_sets[s].get_ref().clone()))
+            .collect();
+        let mut unit = Analysis {
+            id,
+            name: name.clone(),
+            description: a.description.clone(),
+            design,
+            model,
+            roles,
+            concept_sets,
+            fit_options: fit_options.clone(),
+            report: a.report.clone(),
+            fingerprint: String::new(),
+            span: a.name.span(),
+        };
+        unit.fingerprint = fingerprint(&unit, omop);
+        units.push(unit);
+    }
+    Ok(units)
+}
+
+/// Replace `{exposure}`, `{target}`, `{comparator}`, `{outcome}`, `{competing}` by the bound
+/// concept-set view names; other braces are left alone. Err(role) for an unbound role.
+pub fn fill_placeholders(sql: &str, roles: &[(&'static str, String)]) -> Result<String, String> {
+    let mut out = sql.to_string();
+    for (_, role) in ROLES {
+        let pattern = format!("{{{role}}}");
+        if !out.contains(&pattern) {
+            continue;
+        }
+        match roles.iter().find(|(r, _)| r == role) {
+            Some((_, set)) => out = out.replace(&pattern, set),
+            None => return Err(role.to_string()),
+        }
+    }
+    Ok(out)
+}
+
+/// FNV-1a, 64 bits: a stable hash for change detection (not for security).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Hash of what a unit's results depend on: epifusion's version, the source store, the design
+/// (queries or settings), the model, the concept-set definitions, the fit options and the
+/// report selection. A rerun recomputes a unit whose fingerprint changed.
+pub fn fingerprint(a: &Analysis, omop: &str) -> String {
+    let design = match &a.design {
+        Design::Sql(q) => serde_json::json!({
+            "setup": q.setup.as_ref().map(|l| &l.value),
+            "outcomes": q.outcomes.value,
+            "covariates": q.covariates.as_ref().map(|l| &l.value),
+            "attrition": q.attrition.as_ref().map(|l| &l.value),
+            "covariate_ref": q.covariate_ref.as_ref().map(|l| &l.value),
+        }),
+        Design::Sccs(t) | Design::Cohort(t) => {
+            serde_json::to_value(t).unwrap_or(serde_json::Value::Null)
+        }
+    };
+    let canonical = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "omop": omop,
+        "design": a.design.kind().name(),
+        "settings": design,
+        "model": a.model.name(),
+        "roles": a.roles,
+        "concept_sets": a.concept_sets,
+        "fit": a.fit_options,
+        "report": a.report,
+    });
+    format!("{:016x}", fnv1a(canonical.to_string().as_bytes()))
+}
+
+/// The SQL of a concept-set view `(person_id, concept_id, start_date, end_date)`; `table` is
+/// the resolved table for `concepts`.
+pub fn concept_set_sql(c: &ConceptSetSpec, table: Option<&EventTable>) -> String {
+    if let Some(sql) = &c.sql {
+        return format!(
+            "SELECT CAST(person_id AS BIGINT) AS person_id, CAST(start_date AS DATE) AS start_date, \
+             CAST(end_date AS DATE) AS end_date FROM ({sql})"
+        );
+    }
+    if let Some(id) = c.cohort {
+        return format!(
+            "SELECT subject_id AS person_id, cohort_definition_id AS concept_id, \
+             cohort_start_date AS start_date, coalesce(cohort_end_date, cohort_start_date) AS end_date \
+             FROM cohort WHERE cohort_definition_id = {id}"
+        );
+    }
+    let t = table.unwrap_or(&EVENT_TABLES[0]);
+    let filter = match &c.concepts {
+        None => "TRUE".to_string(),
+        Some(ids) => {
+            let list = ids
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            if c.descendants {
+                format!(
+                    "(e.{col} IN ({list}) OR e.{col} IN (SELECT descendant_concept_id FROM concept_ancestor \
+                     WHERE ancestor_concept_id IN ({list})))",
+                    col = t.concept
+                )
+            } else {
+                format!("e.{} IN ({list})", t.concept)
+            }
+        }
+    };
+    format!(
+        "SELECT e.person_id, e.{concept} AS concept_id, e.{start} AS start_date, \
+         coalesce(e.{end}, e.{start}) AS end_date FROM {table} e WHERE {filter}",
+        concept = t.concept,
+        start = t.start,
+        end = t.end,
+        table = t.table,
+    )
+}
+
+fn df_message(e: &datafusion::error::DataFusionError) -> String {
+    e.to_string()
+        .trim_start_matches("Error during planning: ")
+        .trim_start_matches("Execution error: ")
+        .to_string()
+}
+
+/// Check the pipeline against the OMOP store registered in `ctx` and create the concept-set
+/// views: referenced tables exist, concept ids exist (and share a domain when the table is
+/// inferred), cohorts have rows, every query plans. Nothing is written anywhere.
+pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), PipelineError> {
+    let src = &p.source;
+    let used: std::collections::BTreeSet<&str> = p
+        .analyses
+        .iter()
+        .flat_map(|a| a.roles.iter().map(|(_, s)| s.as_str()))
+        .collect();
+    for (name, set) in &p.file.concept_sets {
+        if !used.contains(name.as_str()) {
+            continue;
+        }
+        let span = set.span();
+        let key = format!("concept_sets.{name}");
+        let c = set.get_ref();
+        let need = |table: &str, what: &str| -> Result<(), PipelineError> {
+            if ctx.table_exist(table).unwrap_or(false) {
+                Ok(())
+            } else {
+                Err(src.error(
+                    span.clone(),
+                    what,
+                    format!("the OMOP store {} has no `{table}` table", p.omop),
+                ))
+            }
+        };
+        let mut table = c.table.as_deref().and_then(event_table);
+        if let Some(ids) = &c.concepts {
+            let at = src.key_span(&span, "concepts");
+            let k = format!("{key}.concepts");
+            need("concept", &k)?;
+            if c.descendants {
+                need("concept_ancestor", &format!("{key}.descendants"))?;
+            }
+            let list = ids
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let rows = ctx
+                .sql(&format!(
+                    "SELECT concept_id, domain_id FROM concept WHERE concept_id IN ({list})"
+                ))
+                .await
+                .map_err(PipelineError::DataFusion)?
+                .collect()
+                .await
+                .map_err(PipelineError::DataFusion)?;
+            let mut found: BTreeMap<i64, String> = BTreeMap::new();
+            for b in &rows {
+                let ids = datafusion::arrow::compute::cast(
+                    b.column(0),
+                    &datafusion::arrow::datatypes::DataType::Int64,
+                )
+                .map_err(|e| PipelineError::DataFusion(e.into()))?;
+                let ids = datafusion::arrow::array::AsArray::as_primitive::<
+                    datafusion::arrow::datatypes::Int64Type,
+                >(&ids)
+                .clone();
+                let dom = datafusion::arrow::compute::cast(
+                    b.column(1),
+                    &datafusion::arrow::datatypes::DataType::Utf8,
+                )
+                .map_err(|e| PipelineError::DataFusion(e.into()))?;
+                let dom = datafusion::arrow::array::AsArray::as_string::<i32>(&dom).clone();
+                for i in 0..b.num_rows() {
+                    if !ids.is_null(i) {
+                        found.insert(ids.value(i), dom.value(i).to_string());
+                    }
+                }
+            }
+            if let Some(missing) = ids.iter().find(|i| !found.contains_key(i)) {
+                return Err(src.error(
+                    at,
+                    k,
+                    format!("concept {missing} is not in the store's concept table"),
+                ));
+            }
+            if table.is_none() {
+                let domains: std::collections::BTreeSet<&str> =
+                    found.values().map(String::as_str).collect();
+                if domains.len() > 1 {
+                    return Err(src.error(
+                        at,
+                        k,
+                        format!(
+                            "the concepts span the domains {}; set `table`",
+                            domains.into_iter().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+                let domain = domains.into_iter().next().unwrap_or_default();
+                table = EVENT_TABLES.iter().find(|t| t.domain == Some(domain));
+                if table.is_none() {
+                    return Err(src.error(
+                        at,
+                        k,
+                        format!("no default table for domain `{domain}`; set `table`"),
+                    ));
+                }
+            }
+        }
+        if let Some(t) = table {
+            need(t.table, &format!("{key}.table"))?;
+        } else if c.table.as_deref() == Some("death") {
+            need("death", &format!("{key}.table"))?;
+            table = event_table("death");
+        }
+        if let Some(id) = c.cohort {
+            need("cohort", &format!("{key}.cohort"))?;
+            let rows = ctx
+                .sql(&format!(
+                    "SELECT 1 FROM cohort WHERE cohort_definition_id = {id} LIMIT 1"
+                ))
+                .await
+                .map_err(PipelineError::DataFusion)?
+                .count()
+                .await
+                .map_err(PipelineError::DataFusion)?;
+            if rows == 0 {
+                return Err(src.error(
+                    src.key_span(&span, "cohort"),
+                    format!("{key}.cohort"),
+                    format!("cohort_definition_id {id} has no rows in the cohort table"),
+                ));
+            }
+        }
+        let sql = concept_set_sql(c, table);
+        let create = format!("CREATE OR REPLACE VIEW {name} AS {sql}");
+        ctx.sql(&create).await.map_err(|e| {
+            let at = if c.sql.is_some() {
+                src.key_span(&span, "sql")
+            } else {
+                span.clone()
+            };
+            src.error(at, key.clone(), df_message(&e))
+        })?;
+    }
+    for a in &p.analyses {
+        if let Design::Sql(q) = &a.design {
+            run_setup(ctx, q, src).await?;
+            for (_, query) in q.tables() {
+                ctx.state()
+                    .create_logical_plan(&query.value)
+                    .await
+                    .map_err(|e| {
+                        src.error(query.span.clone(), query.key.clone(), df_message(&e))
+                    })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run a unit's `setup` statements.
+pub async fn run_setup(
+    ctx: &SessionContext,
+    q: &SqlQueries,
+    src: &Source,
+) -> Result<(), PipelineError> {
+    if let Some(setup) = &q.setup {
+        for stmt in epifusion_sql::shell::split_statements(&setup.value) {
+            ctx.sql(&stmt)
+                .await
+                .map_err(|e| src.error(setup.span.clone(), setup.key.clone(), df_message(&e)))?
+                .collect()
+                .await
+                .map_err(|e| src.error(setup.span.clone(), setup.key.clone(), df_message(&e)))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders() {
+        let roles = vec![
+            ("target", "cel".to_string()),
+            ("outcome", "gib".to_string()),
+        ];
+        assert_eq!(
+            fill_placeholders(
+                "SELECT * FROM {target} JOIN {outcome} WHERE x = '{a}'",
+                &roles
+            )
+            .unwrap(),
+            "SELECT * FROM cel JOIN gib WHERE x = '{a}'"
+        );
+        assert_eq!(
+            fill_placeholders("{comparator}", &roles).unwrap_err(),
+            "comparator"
+        );
+    }
+
+    #[test]
+    fn locations_relative_to_the_file() {
+        let base = Path::new("pipelines");
+        assert_eq!(resolve_location("../data/gibleed", base), "data/gibleed");
+        assert_eq!(resolve_location("s3://b/x", base), "s3://b/x");
+        assert_eq!(resolve_location("/abs/x", base), "/abs/x");
+        assert_eq!(resolve_location("../../x", base), "../x");
+        assert_eq!(resolve_location("..", Path::new("")), "..");
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,1016 @@
+//! The runner: validate everything, then for each analysis unit either skip it (complete and
+//! unchanged) or build its tables, fit, and write its results and manifest; finally the report
+//! and the run manifest.
+//!
+//! **Resume rule.** A unit is complete when `analyses/<id>/manifest.json` exists, says
+//! `complete`, has the unit's current fingerprint (see [`super::plan::fingerprint`]) and every
+//! object it lists is present with the recorded size and e-tag. Complete units are skipped
+//! unless `--force`. A unit whose data or fit fails is reported and the others still run; the
+//! run is then incomplete (exit status 1, no new run manifest). A failure of the output store
+//! (after the retries of [`epifusion_sql::store::retry_config`]) stops the run at once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, StringArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{exec_datafusion_err, Result as DfResult, ScalarValue};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use serde::{Deserialize, Serialize};
+
+use super::output::{ObjectRef, Output};
+use super::plan::{self, Analysis, Design, Pipeline};
+use super::progress::Progress;
+use super::report::{self, ForestRow, Report, ReportAnalysis};
+use super::tables::{self, StudyTables};
+use super::PipelineError;
+use epifusion_core::model::ModelKind;
+use epifusion_sql::fit_table::FIT_FUNCTIONS;
+use epifusion_sql::session::{new_session, SessionOptions};
+
+/// Options of `epifusion run`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Validate and print the plan; write nothing.
+    pub dry_run: bool,
+    /// Recompute complete analyses too.
+    pub force: bool,
+}
+
+/// The manifest of one analysis unit (`analyses/<id>/manifest.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnalysisManifest {
+    /// `epifusion-analysis/1`.
+    pub format: String,
+    /// `complete`.
+    pub status: String,
+    /// Unit id.
+    pub analysis_id: String,
+    /// Analysis name.
+    pub name: String,
+    /// Design.
+    pub design: String,
+    /// Model.
+    pub model: String,
+    /// Role → concept set.
+    pub roles: BTreeMap<String, String>,
+    /// Fingerprint of the unit's definition.
+    pub fingerprint: String,
+    /// The run that computed it.
+    pub run_id: String,
+    /// When it was completed (UTC).
+    pub completed_at: String,
+    /// Result objects by table name.
+    pub objects: BTreeMap<String, ObjectRef>,
+    /// Fit status, sizes and timings.
+    pub summary: serde_json::Value,
+}
+
+/// One analysis in the run manifest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunEntry {
+    /// Unit id.
+    pub id: String,
+    /// Its manifest.
+    pub manifest: ObjectRef,
+    /// The run that computed it.
+    pub run_id: String,
+    /// Whether this run skipped it as complete.
+    pub skipped: bool,
+}
+
+/// The run manifest (`manifest.json`), written last.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunManifest {
+    /// `epifusion-run/1`.
+    pub format: String,
+    /// `complete`.
+    pub status: String,
+    /// Pipeline name.
+    pub pipeline: String,
+    /// Pipeline file as given.
+    pub pipeline_file: String,
+    /// Hash of the pipeline file's text.
+    pub pipeline_hash: String,
+    /// Run id.
+    pub run_id: String,
+    /// Start (UTC).
+    pub started_at: String,
+    /// End (UTC).
+    pub finished_at: String,
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Source store.
+    pub omop: String,
+    /// Output location.
+    pub output: String,
+    /// Software versions.
+    pub versions: BTreeMap<String, String>,
+    /// Every analysis of the pipeline.
+    pub analyses: Vec<RunEntry>,
+    /// The report.
+    pub report: ObjectRef,
+}
+
+/// What a dry run would do with one unit.
+#[derive(Debug, Clone)]
+pub struct PlanRow {
+    /// Unit id.
+    pub id: String,
+    /// Design.
+    pub design: String,
+    /// Model.
+    pub model: String,
+    /// `run`, `skip (complete, run …)`, `rerun (--force)`, `rerun (changed)`.
+    pub action: String,
+    /// Rows of the outcome table (SQL designs).
+    pub outcome_rows: Option<usize>,
+    /// Covariate entries (SQL designs).
+    pub covariate_entries: Option<usize>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Run id (empty for a dry run).
+    pub run_id: String,
+    /// Units computed.
+    pub computed: Vec<String>,
+    /// Units skipped as complete.
+    pub skipped: Vec<String>,
+    /// The plan (dry run).
+    pub plan: Vec<PlanRow>,
+    /// Where the report is.
+    pub report: Option<String>,
+    /// Where the run manifest is.
+    pub manifest: Option<String>,
+}
+
+/// Software versions recorded with the results.
+pub fn versions() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "epifusion".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        (
+            "datafusion".to_string(),
+            datafusion::DATAFUSION_VERSION.to_string(),
+        ),
+        (
+            "parquet".to_string(),
+            parquet::file::properties::DEFAULT_CREATED_BY.to_string(),
+        ),
+    ])
+}
+
+/// (year, month, day) of a day number since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = (if z >= 0 { z } else { z - 146_096 }) / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// `2026-11-21T10:15:00Z` for `t`.
+pub fn utc_string(t: SystemTime) -> String {
+    let s = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
+    let (y, m, d) = civil_from_days(s.div_euclid(86_400));
+    let r = s.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        r / 3600,
+        r % 3600 / 60,
+        r % 60
+    )
+}
+
+fn run_id(t: SystemTime) -> String {
+    let s = utc_string(t).replace(['-', ':'], "");
+    format!("{s}-{}", std::process::id())
+}
+
+fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Analysis {
+        analysis: a.id.clone(),
+        message: e.to_string(),
+    }
+}
+
+/// The complete, unchanged manifest of `a`, if there is one.
+async fn complete_manifest(
+    out: &Output,
+    a: &Analysis,
+) -> Result<Option<(AnalysisManifest, ObjectRef)>, PipelineError> {
+    let rel = format!("analyses/{}/manifest.json", a.id);
+    let Some(bytes) = out.get(&rel).await? else {
+        return Ok(None);
+    };
+    let Ok(m) = serde_json::from_slice::<AnalysisManifest>(&bytes) else {
+        return Ok(None);
+    };
+    if m.status != "complete" || m.fingerprint != a.fingerprint || m.analysis_id != a.id {
+        return Ok(None);
+    }
+    for o in m.objects.values() {
+        if !out.verify(o).await? {
+            return Ok(None);
+        }
+    }
+    let size = bytes.len() as u64;
+    Ok(Some((
+        m,
+        ObjectRef {
+            path: rel,
+            size,
+            e_tag: None,
+        },
+    )))
+}
+
+/// Whether the output holds results of `a` that are not complete-and-current.
+async fn has_stale_results(out: &Output, a: &Analysis) -> Result<bool, PipelineError> {
+    Ok(out
+        .get(&format!("analyses/{}/manifest.json", a.id))
+        .await?
+        .is_some())
+}
+
+/// Run (or, with `dry_run`, plan) the pipeline.
+pub async fn run(
+    p: &Pipeline,
+    opts: RunOptions,
+    progress: &Progress,
+) -> Result<RunSummary, PipelineError> {
+    let started = SystemTime::now();
+    let clock = Instant::now();
+    for a in &p.analyses {
+        if !tables::design_available(a.design.kind()) {
+            return Err(p.source.error(
+                a.span.clone(),
+                format!("analysis `{}`: design", a.name),
+                format!(
+                    "design `{}` is not available in this build",
+                    a.design.kind().name()
+                ),
+            ));
+        }
+        // The design settings are checked (unknown keys, wrong types) before any work starts.
+        let checked = match &a.design {
+            Design::Sccs(t) => tables::sccs_settings(a, t)
+                .and_then(|j| epifusion_sql::study::SccsDesign::from_json(&j).map(|_| ())),
+            Design::Cohort(t) => tables::cohort_settings(a, t)
+                .and_then(|j| epifusion_sql::study::CohortDesign::from_json(&j).map(|_| ())),
+            Design::Sql(_) => Ok(()),
+        };
+        if let Err(e) = checked {
+            return Err(p.source.error(
+                a.span.clone(),
+                format!(
+                    "analysis `{}`: [analysis.{}]",
+                    a.name,
+                    a.design.kind().name()
+                ),
+                e.to_string(),
+            ));
+        }
+    }
+    progress.step(&format!("opening the OMOP store {}", p.omop));
+    let ctx = new_session(&SessionOptions {
+        omop: Some(p.omop.clone()),
+        batch_size: None,
+    })
+    .await
+    .map_err(|e| PipelineError::Source {
+        location: p.omop.clone(),
+        message: e.to_string(),
+    })?;
+    progress.step("checking tables, concepts and queries");
+    plan::check_store(&ctx, p).await?;
+    let out = Output::open(&p.output, opts.dry_run)?;
+
+    let mut done: Vec<Option<(AnalysisManifest, ObjectRef)>> = Vec::new();
+    for a in &p.analyses {
+        done.push(complete_manifest(&out, a).await?);
+    }
+    if opts.dry_run {
+        let mut plan_rows = Vec::new();
+        for (a, d) in p.analyses.iter().zip(&done) {
+            let stale = d.is_none() && has_stale_results(&out, a).await?;
+            let action = match (d, opts.force) {
+                (Some((m, _)), false) => format!("skip (complete, run {})", m.run_id),
+                (Some(_), true) => "rerun (--force)".into(),
+                (None, _) if stale => "rerun (changed or incomplete)".into(),
+                (None, _) => "run".into(),
+            };
+            let (rows, covs) = sizes(&ctx, p, a).await?;
+            plan_rows.push(PlanRow {
+                id: a.id.clone(),
+                design: a.design.kind().name().into(),
+                model: a.model.name().into(),
+                action,
+                outcome_rows: rows,
+                covariate_entries: covs,
+            });
+        }
+        progress.finish();
+        return Ok(RunSummary {
+            plan: plan_rows,
+            ..Default::default()
+        });
+    }
+
+    let run = run_id(started);
+    let n = p.analyses.len();
+    let mut summary = RunSummary {
+        run_id: run.clone(),
+        ..Default::default()
+    };
+    let mut entries = Vec::new();
+    let mut failures = Vec::new();
+    let pause = std::env::var("EPIFUSION_TEST_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    progress.log(&format!(
+        "run {run}: {n} analyses, OMOP {} → {}",
+        p.omop, p.output
+    ));
+    for (i, (a, d)) in p.analyses.iter().zip(done).enumerate() {
+        let tag = format!("[{}/{n}] {}", i + 1, a.id);
+        if let (Some((m, mref)), false) = (d, opts.force) {
+            progress.log(&format!("{tag}: skipped (complete, run {})", m.run_id));
+            entries.push(RunEntry {
+                id: a.id.clone(),
+                manifest: mref,
+                run_id: m.run_id.clone(),
+                skipped: true,
+            });
+            summary.skipped.push(a.id.clone());
+            progress.advance();
+            continue;
+        }
+        match run_unit(&ctx, p, a, &out, &run, &tag, progress).await {
+            Ok((m, mref)) => {
+                progress.log(&format!(
+                    "{tag}: complete ({}, {:.1} s)",
+                    m.summary["status"].as_str().unwrap_or("?"),
+                    m.summary["seconds"].as_f64().unwrap_or(0.0)
+                ));
+                entries.push(RunEntry {
+                    id: a.id.clone(),
+                    manifest: mref,
+                    run_id: run.clone(),
+                    skipped: false,
+                });
+                summary.computed.push(a.id.clone());
+            }
+            Err(e @ PipelineError::Output { .. }) => {
+                progress.finish();
+                return Err(PipelineError::Output {
+                    location: p.output.clone(),
+                    message: format!(
+                        "{tag}: {e}; the run stopped and is not complete (analyses without a \
+                         manifest were not written; rerun to resume)"
+                    ),
+                });
+            }
+            Err(e) => {
+                progress.log(&format!("{tag}: FAILED: {e}"));
+                failures.push(format!("  {}: {e}", a.id));
+            }
+        }
+        progress.advance();
+        if let Some(ms) = pause {
+            progress.log(&format!("{tag}: pausing {ms} ms (EPIFUSION_TEST_PAUSE_MS)"));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+    if !failures.is_empty() {
+        progress.finish();
+        return Err(PipelineError::Incomplete {
+            failed: failures.len(),
+            total: n,
+            details: failures.join("\n"),
+        });
+    }
+
+    // The report, then the run manifest (last), then the convenience copy of the report.
+    progress.step("writing the report");
+    let finished = SystemTime::now();
+    let mut manifest = RunManifest {
+        format: "epifusion-run/1".into(),
+        status: "complete".into(),
+        pipeline: p.name.clone(),
+        pipeline_file: p.source.name.clone(),
+        pipeline_hash: format!("{:016x}", plan::fnv1a(p.source.text.as_bytes())),
+        run_id: run.clone(),
+        started_at: utc_string(started),
+        finished_at: utc_string(finished),
+        seconds: clock.elapsed().as_secs_f64(),
+        omop: p.omop.clone(),
+        output: p.output.clone(),
+        versions: versions(),
+        analyses: entries,
+        report: ObjectRef {
+            path: String::new(),
+            size: 0,
+            e_tag: None,
+        },
+    };
+    let html = report::render(&build_report(p, &out, &manifest).await?);
+    let report_rel = format!("runs/{run}/report.html");
+    manifest.report = out.put(&report_rel, html.clone().into_bytes()).await?;
+    out.put_json("manifest.json", &manifest).await?;
+    out.put("report.html", html.into_bytes()).await?;
+    progress.finish();
+    summary.report = Some(out.display(&report_rel));
+    summary.manifest = Some(out.display("manifest.json"));
+    Ok(summary)
+}
+
+/// Outcome rows and covariate entries of a SQL unit (dry run).
+async fn sizes(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+) -> Result<(Option<usize>, Option<usize>), PipelineError> {
+    let Design::Sql(q) = &a.design else {
+        return Ok((None, None));
+    };
+    plan::run_setup(ctx, q, &p.source).await?;
+    let count = |sql: String| async move {
+        ctx.sql(&sql)
+            .await?
+            .count()
+            .await
+            .map_err(|e| analysis_err(a, e))
+    };
+    let rows = count(q.outcomes.value.clone()).await?;
+    let covs = match &q.covariates {
+        Some(c) => Some(count(c.value.clone()).await?),
+        None => None,
+    };
+    Ok((Some(rows), covs))
+}
+
+/// Build, fit and write one unit; returns its manifest.
+async fn run_unit(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+    out: &Output,
+    run: &str,
+    tag: &str,
+    progress: &Progress,
+) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
+    let started = SystemTime::now();
+    let t0 = Instant::now();
+    progress.step(&format!("{tag}: building the study tables"));
+    if let Design::Sql(q) = &a.design {
+        plan::run_setup(ctx, q, &p.source).await?;
+    }
+    let t = tables::build_tables(ctx, a)
+        .await
+        .map_err(|e| analysis_err(a, e))?;
+    let build_seconds = t0.elapsed().as_secs_f64();
+    let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
+    progress.step(&format!("{tag}: fitting {} ({rows} rows)", a.model.name()));
+    let t1 = Instant::now();
+    let fitted = fit(ctx, a, &t).await.map_err(|e| analysis_err(a, e))?;
+    let fit_seconds = t1.elapsed().as_secs_f64();
+
+    let first = |name: &str| {
+        fitted
+            .estimates
+            .first()
+            .and_then(|b| b.column_by_name(name).cloned())
+            .and_then(|c| ScalarValue::try_from_array(&c, 0).ok())
+            .unwrap_or(ScalarValue::Null)
+    };
+    let (status, iterations, ll) = (
+        first("status"),
+        first("iterations"),
+        first("log_likelihood"),
+    );
+    let mut diag = vec![
+        ("analysis_id", utf8(&a.id)),
+        ("model", utf8(a.model.name())),
+    ];
+    diag.extend(fitted.sizes.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    diag.extend([
+        ("status", status.clone()),
+        ("iterations", iterations),
+        ("log_likelihood", ll),
+        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
+        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
+    ]);
+    let diagnostics = one_row(&diag).map_err(|e| analysis_err(a, e))?;
+    let metadata = one_row(&[
+        ("analysis_id", utf8(&a.id)),
+        ("run_id", utf8(run)),
+        ("pipeline", utf8(&p.name)),
+        ("pipeline_file", utf8(&p.source.name)),
+        ("omop", utf8(&p.omop)),
+        ("design", utf8(a.design.kind().name())),
+        ("model", utf8(a.model.name())),
+        (
+            "roles",
+            utf8(&serde_json::to_string(&a.roles).unwrap_or_default()),
+        ),
+        ("fit_options", utf8(&a.fit_options.to_string())),
+        ("fingerprint", utf8(&a.fingerprint)),
+        (
+            "versions",
+            utf8(&serde_json::to_string(&versions()).unwrap_or_default()),
+        ),
+        ("started_at", utf8(&utc_string(started))),
+        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
+        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
+    ])
+    .map_err(|e| analysis_err(a, e))?;
+
+    progress.step(&format!("{tag}: writing results"));
+    let t2 = Instant::now();
+    let tables_out: [(&str, Vec<RecordBatch>); 5] = [
+        ("estimates", fitted.estimates),
+        ("attrition", fitted.attrition),
+        ("covariate_ref", fitted.covariate_ref),
+        ("diagnostics", vec![diagnostics]),
+        ("metadata", vec![metadata]),
+    ];
+    let mut objects = BTreeMap::new();
+    for (name, batches) in tables_out {
+        let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
+        let rel = format!("analyses/{}/{run}/{name}.parquet", a.id);
+        objects.insert(name.to_string(), out.put(&rel, bytes).await?);
+    }
+    let manifest = AnalysisManifest {
+        format: "epifusion-analysis/1".into(),
+        status: "complete".into(),
+        analysis_id: a.id.clone(),
+        name: a.name.clone(),
+        design: a.design.kind().name().into(),
+        model: a.model.name().into(),
+        roles: a
+            .roles
+            .iter()
+            .map(|(r, s)| (r.to_string(), s.clone()))
+            .collect(),
+        fingerprint: a.fingerprint.clone(),
+        run_id: run.to_string(),
+        completed_at: utc_string(SystemTime::now()),
+        objects,
+        summary: serde_json::json!({
+            "status": status.to_string(),
+            "outcome_rows": rows,
+            "build_seconds": build_seconds,
+            "fit_seconds": fit_seconds,
+            "write_seconds": t2.elapsed().as_secs_f64(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        }),
+    };
+    let rel = format!("analyses/{}/manifest.json", a.id);
+    let mref = out.put_json(&rel, &manifest).await?;
+    // Objects no manifest points to any more: earlier results, leftovers of failed runs.
+    let keep: Vec<&str> = manifest.objects.values().map(|o| o.path.as_str()).collect();
+    if let Ok(all) = out.list(&format!("analyses/{}/", a.id)).await {
+        for path in all {
+            if path != rel && !keep.contains(&path.as_str()) {
+                if let Err(e) = out.delete(&path).await {
+                    progress.log(&format!("{tag}: warning: {e}"));
+                }
+            }
+        }
+    }
+    Ok((manifest, mref))
+}
+
+fn utf8(s: &str) -> ScalarValue {
+    ScalarValue::Utf8(Some(s.to_string()))
+}
+
+/// A one-row batch from (column, value) pairs.
+fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
+    let arrays: Vec<ArrayRef> = values
+        .iter()
+        .map(|(_, v)| v.to_array())
+        .collect::<DfResult<_>>()?;
+    let fields: Vec<Field> = values
+        .iter()
+        .zip(&arrays)
+        .map(|((k, _), a)| Field::new(*k, a.data_type().clone(), true))
+        .collect();
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+}
+
+/// `batches` with `columns` (one value each, repeated) put in front.
+fn prepend(
+    batches: &[RecordBatch],
+    columns: &[(&str, Option<String>)],
+) -> DfResult<Vec<RecordBatch>> {
+    batches
+        .iter()
+        .map(|b| {
+            let mut fields: Vec<Field> = columns
+                .iter()
+                .map(|(k, _)| Field::new(*k, DataType::Utf8, true))
+                .collect();
+            let mut arrays: Vec<ArrayRef> = columns
+                .iter()
+                .map(|(_, v)| {
+                    Arc::new(StringArray::from(vec![v.clone(); b.num_rows()])) as ArrayRef
+                })
+                .collect();
+            for (f, c) in b.schema().fields().iter().zip(b.columns()) {
+                if columns.iter().any(|(k, _)| k == f.name()) {
+                    continue;
+                }
+                fields.push(f.as_ref().clone().with_nullable(true));
+                arrays.push(c.clone());
+            }
+            Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)?)
+        })
+        .collect()
+}
+
+/// Encode batches (of one schema) as a Parquet file.
+fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
+    let first = batches
+        .first()
+        .ok_or_else(|| exec_datafusion_err!("nothing to write"))?;
+    let mut w = ArrowWriter::try_new(Vec::new(), first.schema(), None)?;
+    for b in batches {
+        w.write(b)?;
+    }
+    Ok(w.into_inner()?)
+}
+
+/// Decode a Parquet file.
+fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// What the fit step produces.
+struct Fitted {
+    estimates: Vec<RecordBatch>,
+    attrition: Vec<RecordBatch>,
+    covariate_ref: Vec<RecordBatch>,
+    sizes: Vec<(String, ScalarValue)>,
+}
+
+const OUTCOMES_TABLE: &str = "__epifusion_pipeline_outcomes";
+const COVARIATES_TABLE: &str = "__epifusion_pipeline_covariates";
+
+fn mem_table(name: &str, batches: &[RecordBatch]) -> DfResult<Arc<MemTable>> {
+    let first = batches
+        .first()
+        .ok_or_else(|| exec_datafusion_err!("the {name} table has no schema (no batches)"))?;
+    Ok(Arc::new(MemTable::try_new(
+        first.schema(),
+        vec![batches.to_vec()],
+    )?))
+}
+
+/// Fit the unit's model with the `*_fit` table function over the study tables (so every fit
+/// option, `cv` included, means what it means in SQL), plus the sizes for the diagnostics.
+async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
+    let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
+    if rows == 0 {
+        return Err(exec_datafusion_err!("the outcomes table has no rows"));
+    }
+    let covariates = if t.covariates.is_empty() {
+        vec![RecordBatch::new_empty(Arc::new(Schema::new(vec![
+            Field::new("row_id", DataType::Int64, false),
+            Field::new("covariate_id", DataType::Int64, false),
+            Field::new("covariate_value", DataType::Float64, true),
+        ])))]
+    } else {
+        t.covariates.clone()
+    };
+    ctx.register_table(OUTCOMES_TABLE, mem_table("outcomes", &t.outcomes)?)?;
+    ctx.register_table(COVARIATES_TABLE, mem_table("covariates", &covariates)?)?;
+    let r = fit_registered(ctx, a, t).await;
+    let _ = ctx.deregister_table(OUTCOMES_TABLE);
+    let _ = ctx.deregister_table(COVARIATES_TABLE);
+    r
+}
+
+async fn fit_registered(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
+    let function = FIT_FUNCTIONS
+        .iter()
+        .find(|(_, m)| *m == a.model)
+        .map(|(n, _)| *n)
+        .ok_or_else(|| exec_datafusion_err!("no fit function for {}", a.model.name()))?;
+    let options = a.fit_options.to_string().replace('\'', "''");
+    let estimates = ctx
+        .sql(&format!(
+            "SELECT * FROM {function}('{OUTCOMES_TABLE}', '{COVARIATES_TABLE}', '{options}')"
+        ))
+        .await?
+        .collect()
+        .await?;
+
+    // Sizes for the diagnostics.
+    let schema = t.outcomes[0].schema();
+    let col = |name: &str| {
+        schema
+            .fields()
+            .iter()
+            .find(|f| f.name().eq_ignore_ascii_case(name))
+            .map(|f| format!("\"{}\"", f.name().replace('"', "\"\"")))
+    };
+    let strata = col("stratum_id").map_or("CAST(NULL AS BIGINT)".into(), |c| {
+        format!("CAST(count(DISTINCT {c}) AS BIGINT)")
+    });
+    let (events, competing) = match (col("y"), a.model) {
+        (Some(y), ModelKind::FineGray) => (
+            format!("CAST(sum(CASE WHEN {y} = 1 THEN 1 ELSE 0 END) AS DOUBLE)"),
+            format!("CAST(sum(CASE WHEN {y} = 2 THEN 1 ELSE 0 END) AS DOUBLE)"),
+        ),
+        (Some(y), _) => (
+            format!("CAST(sum({y}) AS DOUBLE)"),
+            "CAST(NULL AS DOUBLE)".into(),
+        ),
+        (None, _) => ("CAST(NULL AS DOUBLE)".into(), "CAST(NULL AS DOUBLE)".into()),
+    };
+    let time = col("time").map_or("CAST(NULL AS DOUBLE)".into(), |c| {
+        format!("CAST(sum({c}) AS DOUBLE)")
+    });
+    let mut sizes = Vec::new();
+    for sql in [
+        format!(
+            "SELECT CAST(count(*) AS BIGINT) AS outcome_rows, {strata} AS strata, {events} AS events, \
+             {competing} AS competing_events, {time} AS total_time FROM {OUTCOMES_TABLE}"
+        ),
+        format!(
+            "SELECT CAST(count(*) AS BIGINT) AS covariate_entries, \
+             CAST(count(DISTINCT covariate_id) AS BIGINT) AS covariates FROM {COVARIATES_TABLE}"
+        ),
+    ] {
+        let b = ctx.sql(&sql).await?.collect().await?;
+        let b = b
+            .first()
+            .ok_or_else(|| exec_datafusion_err!("no size row"))?;
+        for (f, c) in b.schema().fields().iter().zip(b.columns()) {
+            sizes.push((f.name().clone(), ScalarValue::try_from_array(c, 0)?));
+        }
+    }
+
+    let covariate_ref = if t.covariate_ref.is_empty() {
+        ctx.sql(&format!(
+            "SELECT DISTINCT covariate_id, CAST(covariate_id AS VARCHAR) AS covariate_name \
+             FROM {COVARIATES_TABLE} ORDER BY covariate_id"
+        ))
+        .await?
+        .collect()
+        .await?
+    } else {
+        t.covariate_ref.clone()
+    };
+    let attrition = if t.attrition.is_empty() {
+        vec![one_row(&[
+            ("step", ScalarValue::Int64(Some(1))),
+            ("description", utf8("outcome rows")),
+            (
+                "rows",
+                ScalarValue::Int64(Some(rows_of(&t.outcomes) as i64)),
+            ),
+        ])?]
+    } else {
+        t.attrition.clone()
+    };
+
+    // Estimates: unit columns, the fit result, and covariate names from the reference.
+    let names = covariate_names(&covariate_ref)?;
+    let mut unit_cols: Vec<(&str, Option<String>)> = vec![
+        ("analysis_id", Some(a.id.clone())),
+        ("analysis", Some(a.name.clone())),
+        ("design", Some(a.design.kind().name().to_string())),
+    ];
+    for (_, role) in super::spec::ROLES {
+        unit_cols.push((role, a.role(role).map(str::to_string)));
+    }
+    let mut out = Vec::new();
+    for b in prepend(&estimates, &unit_cols)? {
+        let ids = cast(
+            b.column_by_name("covariate_id")
+                .ok_or_else(|| exec_datafusion_err!("fit result without covariate_id"))?,
+            &DataType::Int64,
+        )?;
+        let ids = ids.as_primitive::<Int64Type>();
+        let name: StringArray = (0..b.num_rows())
+            .map(|i| {
+                (!ids.is_null(i))
+                    .then(|| names.get(&ids.value(i)).cloned())
+                    .flatten()
+            })
+            .collect();
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new("covariate_name", DataType::Utf8, true));
+        let mut cols = b.columns().to_vec();
+        cols.push(Arc::new(name));
+        out.push(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?);
+    }
+    let id_col = [("analysis_id", Some(a.id.clone()))];
+    Ok(Fitted {
+        estimates: out,
+        attrition: prepend(&attrition, &id_col)?,
+        covariate_ref: prepend(&covariate_ref, &id_col)?,
+        sizes,
+    })
+}
+
+fn rows_of(b: &[RecordBatch]) -> usize {
+    b.iter().map(RecordBatch::num_rows).sum()
+}
+
+/// covariate_id → covariate_name from a covariate reference table.
+fn covariate_names(batches: &[RecordBatch]) -> DfResult<BTreeMap<i64, String>> {
+    let mut names = BTreeMap::new();
+    for b in batches {
+        let (Some(id), Some(name)) = (
+            b.column_by_name("covariate_id"),
+            b.column_by_name("covariate_name"),
+        ) else {
+            continue;
+        };
+        let id = cast(id, &DataType::Int64)?;
+        let name = cast(name, &DataType::Utf8)?;
+        let (id, name) = (id.as_primitive::<Int64Type>(), name.as_string::<i32>());
+        for i in 0..b.num_rows() {
+            if !id.is_null(i) && !name.is_null(i) {
+                names.insert(id.value(i), name.value(i).to_string());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Read a unit's results back from the output and assemble the report.
+async fn build_report(
+    p: &Pipeline,
+    out: &Output,
+    run: &RunManifest,
+) -> Result<Report, PipelineError> {
+    let mut report = Report {
+        title: p.name.clone(),
+        description: p.file.description.clone(),
+        ..Default::default()
+    };
+    for (a, entry) in p.analyses.iter().zip(&run.analyses) {
+        let m: AnalysisManifest = out
+            .get_json(&entry.manifest.path)
+            .await?
+            .ok_or_else(|| analysis_err(a, "its manifest disappeared during the run"))?;
+        let read = |name: &'static str| {
+            let o = m.objects.get(name).cloned();
+            async move {
+                let Some(o) = o else {
+                    return Ok(Vec::new());
+                };
+                let bytes = out
+                    .get(&o.path)
+                    .await?
+                    .ok_or_else(|| analysis_err(a, format!("{} is missing", o.path)))?;
+                parquet_batches(bytes).map_err(|e| analysis_err(a, e))
+            }
+        };
+        let estimates = read("estimates").await?;
+        report
+            .forest
+            .extend(forest_rows(a, &estimates).map_err(|e| analysis_err(a, e))?);
+        report.analyses.push(ReportAnalysis {
+            id: a.id.clone(),
+            description: a.description.clone(),
+            design: a.design.kind().name().into(),
+            model: a.model.name().into(),
+            roles: a
+                .roles
+                .iter()
+                .map(|(r, s)| (r.to_string(), s.clone()))
+                .collect(),
+            provenance: if entry.skipped {
+                format!("Complete from run {} (skipped in this run)", m.run_id)
+            } else {
+                "Computed in this run".into()
+            },
+            attrition: read("attrition").await?,
+            diagnostics: read("diagnostics").await?,
+        });
+    }
+    let computed = run.analyses.iter().filter(|e| !e.skipped).count();
+    report.metadata = vec![
+        ("pipeline".into(), p.name.clone()),
+        ("pipeline file".into(), p.source.name.clone()),
+        ("pipeline hash".into(), run.pipeline_hash.clone()),
+        ("run id".into(), run.run_id.clone()),
+        ("started (UTC)".into(), run.started_at.clone()),
+        ("finished (UTC)".into(), run.finished_at.clone()),
+        ("seconds".into(), format!("{:.1}", run.seconds)),
+        ("OMOP store".into(), p.omop.clone()),
+        ("output".into(), p.output.clone()),
+        (
+            "analyses".into(),
+            format!(
+                "{} ({computed} computed, {} skipped as complete)",
+                run.analyses.len(),
+                run.analyses.len() - computed
+            ),
+        ),
+    ];
+    for (k, v) in &run.versions {
+        report.metadata.push((format!("{k} version"), v.clone()));
+    }
+    for a in &p.analyses {
+        report
+            .metadata
+            .push((format!("options of {}", a.id), a.fit_options.to_string()));
+    }
+    Ok(report)
+}
+
+/// Forest-plot rows of a unit: the covariates listed in `report`, else the unpenalized ones.
+fn forest_rows(a: &Analysis, estimates: &[RecordBatch]) -> DfResult<Vec<ForestRow>> {
+    let mut rows = Vec::new();
+    for b in estimates {
+        let get = |n: &str, t: &DataType| -> DfResult<ArrayRef> {
+            let c = b
+                .column_by_name(n)
+                .ok_or_else(|| exec_datafusion_err!("estimates without `{n}`"))?;
+            Ok(cast(c, t)?)
+        };
+        let id = get("covariate_id", &DataType::Int64)?;
+        let id = id.as_primitive::<Int64Type>();
+        let est = get("estimate", &DataType::Float64)?;
+        let est = est.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        let lo = get("ci_lower", &DataType::Float64)?;
+        let lo = lo.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        let hi = get("ci_upper", &DataType::Float64)?;
+        let hi = hi.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+        let pen = get("penalized", &DataType::Boolean)?;
+        let pen = pen.as_boolean();
+        let label = get("covariate", &DataType::Utf8)?;
+        let label = label.as_string::<i32>();
+        let name = get("covariate_name", &DataType::Utf8)?;
+        let name = name.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            if id.is_null(i) {
+                continue;
+            }
+            let wanted = match &a.report {
+                Some(ids) => ids.contains(&id.value(i)),
+                None => !pen.is_null(i) && !pen.value(i),
+            };
+            if !wanted {
+                continue;
+            }
+            let opt = |arr: &datafusion::arrow::array::Float64Array| {
+                (!arr.is_null(i)).then(|| arr.value(i).exp())
+            };
+            rows.push(ForestRow {
+                analysis: a.id.clone(),
+                label: if name.is_null(i) {
+                    label.value(i).to_string()
+                } else {
+                    name.value(i).to_string()
+                },
+                ratio: est.value(i).exp(),
+                lower: opt(lo),
+                upper: opt(hi),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_strings() {
+        assert_eq!(utc_string(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_252_500); // 2026-11-21T09:15:00Z
+        assert_eq!(utc_string(t), "2026-11-21T09:15:00Z");
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+}

@@ -1,0 +1,263 @@
+//! Documentation of every epifusion SQL function (DataFusion's [`Documentation`]), also
+//! queryable from SQL: `SELECT * FROM epifusion_functions()`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::{plan_err, Result as DfResult};
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::logical_expr::{DocSection, Documentation, Expr};
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::fit_table::FIT_FUNCTIONS;
+use crate::fit_udaf::FIT_AGGREGATES;
+use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
+use epifusion_core::model::ModelKind;
+
+const SECTION: DocSection = DocSection {
+    include: true,
+    label: "epifusion",
+    description: Some("Regularized regression for drug-safety studies"),
+};
+
+const OPTIONS_DOC: &str = "JSON object: prior (none|laplace|normal), variance or lambda, exclude \
+    (covariate ids never penalized), ties (breslow|efron), convergence (objective|gradient), \
+    tolerance [1e-6], max_iterations [1000], ci (profile|wald|bootstrap|none), ci_level [0.95], \
+    device (auto|cpu|cuda), threads; cv (true or {folds [10], repetitions [1], seed [1], search \
+    (auto|grid), grid, by (auto|row|stratum), start_variance, max_steps [20]}: choose the prior \
+    variance by cross-validation), bootstrap (true or {replicates [200], by, seed [1]}), profile \
+    ([ids] or {covariates, include_penalty [true], grid (true|[values]|{from, to, steps})}), \
+    table (coefficients|cv|profile|bootstrap|replicates: which table a table function returns)";
+
+fn model_words(model: ModelKind) -> &'static str {
+    match model {
+        ModelKind::ConditionalPoisson => "a self-controlled case series (conditional Poisson with log(time) offset, strata = cases)",
+        ModelKind::Cox => "a Cox proportional-hazards model (Breslow or Efron ties, strata, weights, (start, stop] rows)",
+        ModelKind::FineGray => "a Fine–Gray subdistribution-hazards model (y: 1 event, 2 competing, 0 censored; IPCW weights computed)",
+        ModelKind::Logistic => "a logistic regression (with intercept)",
+        ModelKind::Poisson => "a Poisson regression (with intercept and log(time) offset)",
+        ModelKind::ConditionalLogistic => "a conditional logistic regression (strata = matched sets)",
+    }
+}
+
+fn table_doc(name: &str, model: ModelKind) -> Documentation {
+    Documentation::builder(
+        SECTION,
+        format!(
+            "Fits {} by cyclic coordinate descent and returns one row per coefficient: \
+             covariate_id, covariate, estimate, std_error, ci_lower, ci_upper, exp_estimate, \
+             penalized, model, log_likelihood, log_prior, iterations, status, seconds, \
+             prior_variance (or, with the option table, the CV curve, likelihood profiles or \
+             bootstrap results).",
+            model_words(model)
+        ),
+        format!("{name}(outcomes [, covariates] [, options])"),
+    )
+    .with_argument(
+        "outcomes",
+        "Table name or SQL query: long format (row_id, [stratum_id], time, y, [weight, start_time, offset, censor_weight]) or, without covariates, a wide table whose other numeric columns are the covariates",
+    )
+    .with_argument("covariates", "Table name or SQL query: row_id, covariate_id, [covariate_value]")
+    .with_argument("options", OPTIONS_DOC)
+    .with_sql_example(format!(
+        "SELECT covariate, estimate, std_error FROM {name}('SELECT time, y, age, sex FROM lung', '{{\"ci\": \"wald\"}}');"
+    ))
+    .build()
+}
+
+fn aggregate_doc(name: &str, model: ModelKind) -> Documentation {
+    Documentation::builder(
+        SECTION,
+        format!(
+            "Aggregate: fits {} per GROUP BY group; returns a list of structs (covariate_id, \
+             estimate, std_error, ci_lower, ci_upper, log_likelihood, iterations, status), one \
+             per coefficient, to be expanded with unnest. A group that cannot be fitted returns \
+             one element with status 'failed: <reason>'.",
+            model_words(model)
+        ),
+        format!("{name}(stratum_id, time, y, covariate_ids [, covariate_values] [, options])"),
+    )
+    .with_argument("stratum_id", "BIGINT stratum (case, matched set) or NULL")
+    .with_argument("time", "DOUBLE time (interval length for SCCS)")
+    .with_argument("y", "outcome")
+    .with_argument("covariate_ids", "list of BIGINT covariate ids of the row (e.g. array_agg(covariate_id))")
+    .with_argument("covariate_values", "list of DOUBLE values, same length (default all 1)")
+    .with_argument("options", OPTIONS_DOC)
+    .with_sql_example(format!(
+        "SELECT outcome_id, unnest(fit) FROM (SELECT outcome_id, {name}(case_id, days, events, covariate_ids, '{{\"prior\": \"laplace\", \"lambda\": 3}}') AS fit FROM intervals GROUP BY outcome_id);"
+    ))
+    .build()
+}
+
+const SCCS_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; OHDSI defaults): outcome (concept set: \
+    concept_ids [+ include_descendants, domain] | cohort_ids | sql), exposures (list: concept set keys, label, id, \
+    risk_windows [{start, start_anchor (era_start|era_end), end, end_anchor}], stratify_by_id, \
+    first_occurrence_only), first_outcome_only, naive_period, min_age, max_age, genders, \
+    study_start_date, study_end_date, age_group_starts (days), age_spline / season_spline / \
+    calendar_spline ({knots} or {knots_at}), end_of_observation_probe (days), merge_patterns, \
+    restrict_time_to_exposure (index into exposures)";
+
+const COHORT_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; CohortMethod defaults): target, \
+    comparator, outcome (concept sets), competing ({death, outcome}), model (cox|fine_gray), \
+    first_exposure_only, remove_duplicate_subjects (keep_all|remove_all|keep_first), washout_days, \
+    restrict_to_common_period, remove_subjects_with_prior_outcome, prior_outcome_lookback, \
+    risk_window_start, start_anchor, risk_window_end, end_anchor (cohort_start|cohort_end), \
+    censor_at_new_risk_window, min_days_at_risk, strata (gender|age_group|index_year), covariates \
+    ({lookback_days, end_days, gender, age_group, conditions, drugs, procedures, excluded_concept_ids})";
+
+fn study_doc(name: &str, design: Design, part: Part) -> Documentation {
+    let (what, settings) = match design {
+        Design::Sccs => ("the self-controlled case series design", SCCS_SETTINGS_DOC),
+        Design::Cohort => ("the new-user cohort design", COHORT_SETTINGS_DOC),
+    };
+    let returns = match (design, part) {
+        (Design::Sccs, Part::Outcomes) => "the interval table in the long outcome format of sccs_fit: row_id, stratum_id (case), time (days), y (outcomes), person_id, observation_period_id",
+        (Design::Cohort, Part::Outcomes) => "the risk set in the long outcome format of cox_fit / fine_gray_fit: row_id, [stratum_id], time, y, person_id, treatment, cohort_start_day, risk_start_day, risk_end_day, status (0 censored, 1 outcome, 2 competing)",
+        (_, Part::Covariates) => "the sparse covariates: row_id, covariate_id, covariate_value",
+        (_, Part::CovariateRef) => "the covariate reference: covariate_id, covariate_name, analysis_id, analysis_name, concept_id",
+        (Design::Sccs, Part::Attrition) => "the attrition table: step, description, persons, cases, outcomes left after each step",
+        (Design::Cohort, Part::Attrition) => "the attrition table: step, description, target_persons, comparator_persons, target_outcomes, comparator_outcomes left after each step",
+    };
+    let example = match design {
+        Design::Sccs => format!("SELECT * FROM {name}('{{\"outcome\": {{\"concept_ids\": [192671], \"include_descendants\": true}}, \"exposures\": [{{\"concept_ids\": [1118084]}}]}}');"),
+        Design::Cohort => format!("SELECT * FROM {name}('{{\"target\": {{\"concept_ids\": [1118084]}}, \"comparator\": {{\"concept_ids\": [1124300]}}, \"outcome\": {{\"concept_ids\": [192671], \"include_descendants\": true}}, \"risk_window_end\": 365, \"end_anchor\": \"cohort_start\"}}');"),
+    };
+    Documentation::builder(
+        SECTION,
+        format!("Builds {what} from the registered OMOP tables and returns {returns}."),
+        format!("{name}(settings)"),
+    )
+    .with_argument("settings", settings)
+    .with_sql_example(example)
+    .build()
+}
+
+/// Documentation of every function, by name.
+pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
+    static DOCS: OnceLock<BTreeMap<&'static str, Documentation>> = OnceLock::new();
+    DOCS.get_or_init(|| {
+        let mut m = BTreeMap::new();
+        for &(name, model) in FIT_FUNCTIONS {
+            m.insert(name, table_doc(name, model));
+        }
+        for &(name, model) in FIT_AGGREGATES {
+            m.insert(name, aggregate_doc(name, model));
+        }
+        for &(name, design, part) in STUDY_FUNCTIONS {
+            m.insert(name, study_doc(name, design, part));
+        }
+        m.insert(
+            "design_matrix",
+            Documentation::builder(
+                SECTION,
+                "Builds the sparse design matrix (CSC: indicator, sparse and dense columns) from \
+                 the long or wide format once and keeps it in the session under a name; fitting \
+                 functions then take '@name' as their outcomes argument (other priors, CV) \
+                 without rebuilding. Returns one row: name, rows, columns, strata, nnz, \
+                 indicator_columns, sparse_columns, dense_columns, bytes, dropped_unknown_rows, \
+                 device.",
+                "design_matrix(outcomes [, covariates], options)",
+            )
+            .with_argument("outcomes", "Table name or SQL query (long or wide format)")
+            .with_argument("covariates", "Table name or SQL query: row_id, covariate_id, [covariate_value]")
+            .with_argument("options", "JSON object: name (required), drop_unknown_rows [false]")
+            .with_sql_example(
+                "SELECT * FROM design_matrix('outcomes', 'covariates', '{\"name\": \"m\"}'); SELECT * FROM cox_fit('@m', '{\"prior\": \"laplace\", \"lambda\": 10}');",
+            )
+            .build(),
+        );
+        m.insert(
+            "epifusion_functions",
+            Documentation::builder(
+                SECTION,
+                "Lists every epifusion SQL function with its description, syntax and example.",
+                "epifusion_functions()",
+            )
+            .with_sql_example("SELECT name, syntax FROM epifusion_functions();")
+            .build(),
+        );
+        m
+    })
+}
+
+/// Documentation of one function.
+pub fn doc(name: &str) -> Option<&'static Documentation> {
+    all_docs().get(name)
+}
+
+/// `epifusion_functions()`: the documentation as a table.
+#[derive(Debug)]
+pub struct FunctionsTable;
+
+impl TableFunctionImpl for FunctionsTable {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        if !args.exprs().is_empty() {
+            return plan_err!(
+                "epifusion_functions takes no arguments, got {}",
+                args.exprs().len()
+            );
+        }
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("kind", DataType::Utf8, false),
+            Field::new("syntax", DataType::Utf8, false),
+            Field::new("description", DataType::Utf8, false),
+            Field::new("example", DataType::Utf8, true),
+        ]));
+        let docs = all_docs();
+        let kind = |n: &str| {
+            if n.ends_with("_agg") {
+                "aggregate"
+            } else {
+                "table"
+            }
+        };
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(docs.keys().copied())),
+                Arc::new(StringArray::from_iter_values(docs.keys().map(|n| kind(n)))),
+                Arc::new(StringArray::from_iter_values(
+                    docs.values().map(|d| d.syntax_example.clone()),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    docs.values().map(|d| d.description.clone()),
+                )),
+                Arc::new(StringArray::from_iter(
+                    docs.values().map(|d| d.sql_example.clone()),
+                )),
+            ],
+        )?;
+        Ok(Arc::new(DocsTable(Arc::new(MemTable::try_new(
+            schema,
+            vec![vec![batch]],
+        )?))))
+    }
+}
+
+/// Thin wrapper so the table reports itself as temporary.
+#[derive(Debug)]
+struct DocsTable(Arc<MemTable>);
+
+#[async_trait]
+impl TableProvider for DocsTable {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.0.scan(state, projection, filters, limit).await
+    }
+}

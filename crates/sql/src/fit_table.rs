@@ -1,0 +1,457 @@
+//! Table functions that fit a model and return one row per coefficient:
+//! `sccs_fit`, `cox_fit`, `fine_gray_fit`, `logistic_fit`, `poisson_fit`,
+//! `conditional_logistic_fit`.
+//!
+//! ```sql
+//! -- long format: outcomes and covariates as table names or queries, options as JSON
+//! SELECT * FROM cox_fit('outcomes', 'covariates', '{"prior": "laplace", "variance": 0.1, "exclude": [1]}');
+//! -- wide format: every non-reserved numeric column is a covariate named by its column
+//! SELECT covariate, estimate, std_error FROM cox_fit('SELECT time, status - 1 AS y, age, sex FROM lung');
+//! ```
+//!
+//! Arguments: `outcomes` [, `covariates`] [, `options`]. A table argument is a table name or a
+//! SQL query; an argument that starts with `{` is the JSON options object (see
+//! [`crate::options`]). The inner queries are planned in `scan`; the data are collected
+//! and the model fitted in `execute`, on a blocking thread (never on a tokio worker).
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{
+    exec_datafusion_err, plan_err, DataFusionError, Result as DfResult, ScalarValue,
+};
+use datafusion::datasource::TableType;
+use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::future::BoxFuture;
+
+use crate::convert::{self, BatchSource, ReadOptions};
+use crate::design_table::DesignRegistry;
+use crate::options::{parse_fit_options, parse_result_table, ResultTable};
+use epifusion_core::fit::{fit_owned, FitOptions};
+use epifusion_core::model::ModelKind;
+
+/// Convert a library error into DataFusion's: option mistakes are planning errors, everything
+/// else is an execution (data) error.
+pub fn to_df_error(e: crate::Error) -> DataFusionError {
+    match e {
+        crate::Error::BadOption { .. } => DataFusionError::Plan(e.to_string()),
+        other => DataFusionError::Execution(other.to_string()),
+    }
+}
+
+/// A fitting table function for one model.
+#[derive(Debug)]
+pub struct FitTableFunction {
+    name: &'static str,
+    model: ModelKind,
+    designs: Arc<DesignRegistry>,
+}
+
+impl FitTableFunction {
+    /// The function for `model`, registered as `name`; `@name` arguments refer to matrices
+    /// kept in `designs` by `design_matrix`.
+    pub fn new(name: &'static str, model: ModelKind, designs: Arc<DesignRegistry>) -> Self {
+        FitTableFunction {
+            name,
+            model,
+            designs,
+        }
+    }
+}
+
+/// Every fitting table function: (SQL name, model).
+pub const FIT_FUNCTIONS: &[(&str, ModelKind)] = &[
+    ("sccs_fit", ModelKind::ConditionalPoisson),
+    ("cox_fit", ModelKind::Cox),
+    ("fine_gray_fit", ModelKind::FineGray),
+    ("logistic_fit", ModelKind::Logistic),
+    ("poisson_fit", ModelKind::Poisson),
+    ("conditional_logistic_fit", ModelKind::ConditionalLogistic),
+];
+
+/// SQL for a table argument: a bare (possibly qualified) table name becomes `SELECT * FROM`.
+pub fn table_sql(arg: &str) -> String {
+    let t = arg.trim();
+    let is_name = !t.is_empty()
+        && t.split('.').all(|part| {
+            let mut ch = part.chars();
+            matches!(ch.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+                && ch.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if is_name {
+        format!("SELECT * FROM {t}")
+    } else {
+        t.to_string()
+    }
+}
+
+/// Extract string literal arguments, with clear arity and type errors.
+pub fn string_args(function: &str, exprs: &[Expr], usage: &str) -> DfResult<Vec<String>> {
+    if exprs.is_empty() || exprs.len() > 3 {
+        return plan_err!(
+            "{function} takes 1 to 3 arguments ({usage}), got {}",
+            exprs.len()
+        );
+    }
+    exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e {
+            Expr::Literal(ScalarValue::Utf8(Some(s)), _)
+            | Expr::Literal(ScalarValue::LargeUtf8(Some(s)), _)
+            | Expr::Literal(ScalarValue::Utf8View(Some(s)), _) => Ok(s.clone()),
+            Expr::Literal(v, _) if v.is_null() => {
+                plan_err!(
+                    "{function}: argument {} is NULL; expected a string ({usage})",
+                    i + 1
+                )
+            }
+            other => plan_err!(
+                "{function}: argument {} must be a string literal ({usage}), got {other}",
+                i + 1
+            ),
+        })
+        .collect()
+}
+
+/// The parsed arguments of a fit call.
+#[derive(Debug, Clone)]
+pub struct FitCall {
+    /// Outcome (or wide) query.
+    pub outcomes: String,
+    /// Covariate query (long format).
+    pub covariates: Option<String>,
+    /// Options.
+    pub options: FitOptions,
+    /// Which table to return (option `table`).
+    pub table: ResultTable,
+}
+
+/// Parse `outcomes [, covariates] [, options]`.
+pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfResult<FitCall> {
+    let (tables, options): (Vec<&String>, Vec<&String>) =
+        args.iter().partition(|a| !a.trim_start().starts_with('{'));
+    if options.len() > 1 {
+        return plan_err!("{function}: more than one options object");
+    }
+    if args
+        .last()
+        .is_some_and(|a| !a.trim_start().starts_with('{'))
+        && !options.is_empty()
+    {
+        return plan_err!("{function}: the options object must be the last argument");
+    }
+    if tables.is_empty() || tables.len() > 2 {
+        return plan_err!(
+            "{function}: expected an outcomes table or query, optionally a covariates table or query"
+        );
+    }
+    let json = options.first().map_or("", |s| s.as_str());
+    let options = parse_fit_options(model, json).map_err(to_df_error)?;
+    let table = parse_result_table(&options, json).map_err(to_df_error)?;
+    Ok(FitCall {
+        outcomes: table_sql(tables[0]),
+        covariates: tables.get(1).map(|s| table_sql(s)),
+        options,
+        table,
+    })
+}
+
+impl TableFunctionImpl for FitTableFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let usage = "outcomes [, covariates] [, options JSON]";
+        let strings = string_args(self.name, args.exprs(), usage)?;
+        let call = parse_fit_call(self.name, self.model, &strings)?;
+        Ok(Arc::new(FitTable {
+            function: self.name,
+            model: self.model,
+            call,
+            designs: self.designs.clone(),
+        }))
+    }
+}
+
+/// The table a fit call produces.
+#[derive(Debug)]
+pub struct FitTable {
+    function: &'static str,
+    model: ModelKind,
+    call: FitCall,
+    designs: Arc<DesignRegistry>,
+}
+
+/// Plan a SQL string in the calling session.
+pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let state = state
+        .as_any()
+        .downcast_ref::<SessionState>()
+        .ok_or_else(|| {
+            exec_datafusion_err!("epifusion table functions need a DataFusion SessionState")
+        })?;
+    let plan = state.create_logical_plan(sql).await?;
+    state.create_physical_plan(&plan).await
+}
+
+#[async_trait]
+impl TableProvider for FitTable {
+    fn schema(&self) -> SchemaRef {
+        convert::table_schema(self.call.table)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let schema = convert::table_schema(self.call.table);
+        let label = format!("{} ({})", self.function, self.model.name());
+        let (model, call) = (self.model, self.call.clone());
+        // `@name`: a matrix kept by design_matrix(); nothing to plan or collect.
+        if let Some(name) = self.call.outcomes.strip_prefix('@') {
+            if self.call.covariates.is_some() {
+                return plan_err!(
+                    "{}: a stored design matrix (@{name}) takes no covariates argument",
+                    self.function
+                );
+            }
+            let design = self.designs.get(name).ok_or_else(|| {
+                exec_datafusion_err!("no design matrix named `{name}`; create it with design_matrix(outcomes, covariates, '{{\"name\": \"{name}\"}}')")
+            })?;
+            let producer: BatchProducer = Arc::new(move |_ctx| {
+                let (design, options, table) = (design.clone(), call.options.clone(), call.table);
+                Box::pin(run_blocking("fit", move || {
+                    epifusion_core::fit::fit(&design, &options)
+                        .and_then(|r| convert::table_batch(&r, table))
+                }))
+            });
+            return Ok(Arc::new(OneBatchExec::new(
+                label, producer, schema, projection,
+            )?));
+        }
+        let outcomes = plan_sql(state, &self.call.outcomes).await?;
+        let covariates = match &self.call.covariates {
+            Some(sql) => Some(plan_sql(state, sql).await?),
+            None => None,
+        };
+        let producer: BatchProducer = Arc::new(move |ctx| {
+            Box::pin(fit_from_plans(
+                model,
+                call.clone(),
+                outcomes.clone(),
+                covariates.clone(),
+                ctx,
+            ))
+        });
+        Ok(Arc::new(OneBatchExec::new(
+            label, producer, schema, projection,
+        )?))
+    }
+}
+
+/// Produces the single result batch of a [`OneBatchExec`].
+pub type BatchProducer =
+    Arc<dyn Fn(Arc<TaskContext>) -> BoxFuture<'static, DfResult<RecordBatch>> + Send + Sync>;
+
+/// Execution plan with one partition that emits one batch made by a producer (collect the
+/// inputs, fit or build, emit the table). The inputs are planned and optimized in `scan` and kept
+/// opaque: exposing them as children would let the outer query's physical optimizer run over
+/// them a second time.
+pub struct OneBatchExec {
+    label: String,
+    producer: BatchProducer,
+    projection: Option<Vec<usize>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for OneBatchExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OneBatchExec")
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl OneBatchExec {
+    /// A plan emitting `producer`'s batch (of `schema`), projected to `projection`.
+    pub fn new(
+        label: String,
+        producer: BatchProducer,
+        schema: SchemaRef,
+        projection: Option<&Vec<usize>>,
+    ) -> DfResult<Self> {
+        let projected = match projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => schema,
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(projected),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(OneBatchExec {
+            label,
+            producer,
+            projection: projection.cloned(),
+            properties,
+        })
+    }
+}
+
+impl DisplayAs for OneBatchExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "OneBatchExec: {}", self.label)
+    }
+}
+
+/// The collected inputs of a table function: the outcome (or wide) table and, in the long
+/// format, the covariate table.
+pub struct CollectedInputs {
+    outcomes: (SchemaRef, Vec<RecordBatch>),
+    covariates: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+impl CollectedInputs {
+    /// Run the input plans to completion.
+    pub async fn collect(
+        outcomes: Arc<dyn ExecutionPlan>,
+        covariates: Option<Arc<dyn ExecutionPlan>>,
+        context: Arc<TaskContext>,
+    ) -> DfResult<Self> {
+        let schema = outcomes.schema();
+        let outcomes = (schema, collect(outcomes, context.clone()).await?);
+        let covariates = match covariates {
+            Some(plan) => Some((plan.schema(), collect(plan, context).await?)),
+            None => None,
+        };
+        Ok(CollectedInputs {
+            outcomes,
+            covariates,
+        })
+    }
+
+    /// Build the design matrix (long format when covariates were given, else wide).
+    pub fn design(
+        self,
+        read: &ReadOptions,
+    ) -> crate::Result<epifusion_core::model::design::DesignMatrix> {
+        let (schema, batches) = self.outcomes;
+        let outcomes = BatchSource::from_batches("outcomes", schema, batches);
+        let (builder, _report) = match self.covariates {
+            Some((schema, batches)) => convert::read_long_from(
+                outcomes,
+                BatchSource::from_batches("covariates", schema, batches),
+                read,
+            )?,
+            None => convert::read_wide_from(outcomes, read)?,
+        };
+        builder.build()
+    }
+}
+
+/// Run `work` on a blocking thread (never on a tokio worker) and convert its error.
+pub async fn run_blocking<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> DfResult<T> {
+    datafusion::common::runtime::SpawnedTask::spawn_blocking(work)
+        .join()
+        .await
+        .map_err(|e| exec_datafusion_err!("{what} task failed: {e}"))?
+        .map_err(to_df_error)
+}
+
+/// Collect, build the design, fit (on a blocking thread) and return the result batch.
+pub async fn fit_from_plans(
+    model: ModelKind,
+    call: FitCall,
+    outcomes: Arc<dyn ExecutionPlan>,
+    covariates: Option<Arc<dyn ExecutionPlan>>,
+    context: Arc<TaskContext>,
+) -> DfResult<RecordBatch> {
+    let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
+    run_blocking("fit", move || {
+        let read = ReadOptions {
+            require_time: !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic),
+            ..Default::default()
+        };
+        let result = fit_owned(inputs.design(&read)?, &call.options)?;
+        convert::table_batch(&result, call.table)
+    })
+    .await
+}
+
+impl ExecutionPlan for OneBatchExec {
+    fn name(&self) -> &str {
+        "OneBatchExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return Err(exec_datafusion_err!("OneBatchExec has no children"));
+        }
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(exec_datafusion_err!(
+                "OneBatchExec has one partition, asked for {partition}"
+            ));
+        }
+        let schema = self.properties.eq_properties.schema().clone();
+        let batch = (self.producer)(context);
+        let projection = self.projection.clone();
+        let fut = async move {
+            let batch = batch.await?;
+            match projection {
+                Some(p) => Ok(batch.project(&p)?),
+                None => Ok(batch),
+            }
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(fut),
+        )))
+    }
+}

@@ -1,0 +1,511 @@
+//! Aggregate functions that fit one model per `GROUP BY` group: `sccs_fit_agg`, `cox_fit_agg`,
+//! `fine_gray_fit_agg`, `logistic_fit_agg`, `poisson_fit_agg`, `conditional_logistic_fit_agg`.
+//!
+//! ```sql
+//! SELECT outcome_id, unnest(fit) AS c
+//! FROM (SELECT outcome_id,
+//!              sccs_fit_agg(case_id, days, events, covariate_ids, '{"prior": "laplace", "lambda": 3}') AS fit
+//!       FROM sccs_intervals GROUP BY outcome_id);
+//! ```
+//!
+//! Arguments, one input row per outcome row of the long format:
+//! `stratum_id` (BIGINT, NULL when unstratified), `time` (DOUBLE), `y` (DOUBLE),
+//! `covariate_ids` (LIST of BIGINT), optionally `covariate_values` (LIST of DOUBLE, same length;
+//! default all 1), optionally `options` (a constant JSON string, see [`crate::options`]).
+//!
+//! The result is a list of structs, one per coefficient: `covariate_id`, `estimate`,
+//! `std_error`, `ci_lower`, `ci_upper`, `log_likelihood`, `iterations`, `status`. A group whose
+//! data cannot be fitted (no events, a value outside the model's domain…) gives one element with
+//! NULL estimates and `status` = `failed: <reason>`, so one bad group does not stop the others.
+//!
+//! Accumulators only collect rows; the fit runs in `evaluate`, on rayon, with the tokio worker
+//! released (`block_in_place`). Groups are fitted in parallel across DataFusion's partitions.
+//! Rows are put in a canonical order before fitting, so results do not depend on the order in
+//! which batches arrive.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, Int64Builder, ListArray,
+    ListBuilder, StringArray, StructArray,
+};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Fields};
+use datafusion::common::{exec_err, plan_err, Result as DfResult, ScalarValue};
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Signature, Volatility};
+use datafusion::physical_expr::expressions::Literal;
+
+use crate::options::parse_fit_options;
+use epifusion_core::fit::{fit_owned, FitOptions};
+use epifusion_core::model::design::{DesignBuilder, OutcomeRecord, INTERCEPT_ID};
+use epifusion_core::model::ModelKind;
+
+/// Every fitting aggregate: (SQL name, model).
+pub const FIT_AGGREGATES: &[(&str, ModelKind)] = &[
+    ("sccs_fit_agg", ModelKind::ConditionalPoisson),
+    ("cox_fit_agg", ModelKind::Cox),
+    ("fine_gray_fit_agg", ModelKind::FineGray),
+    ("logistic_fit_agg", ModelKind::Logistic),
+    ("poisson_fit_agg", ModelKind::Poisson),
+    (
+        "conditional_logistic_fit_agg",
+        ModelKind::ConditionalLogistic,
+    ),
+];
+
+/// Fields of one coefficient in the result list.
+pub fn coefficient_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("covariate_id", DataType::Int64, true),
+        Field::new("estimate", DataType::Float64, true),
+        Field::new("std_error", DataType::Float64, true),
+        Field::new("ci_lower", DataType::Float64, true),
+        Field::new("ci_upper", DataType::Float64, true),
+        Field::new("log_likelihood", DataType::Float64, true),
+        Field::new("iterations", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("prior_variance", DataType::Float64, true),
+    ])
+}
+
+fn result_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(coefficient_fields()),
+        true,
+    )))
+}
+
+/// A fitting aggregate for one model.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FitAggregate {
+    name: &'static str,
+    model: ModelKind,
+    signature: Signature,
+}
+
+impl FitAggregate {
+    /// The aggregate for `model`, registered as `name`.
+    pub fn new(name: &'static str, model: ModelKind) -> Self {
+        FitAggregate {
+            name,
+            model,
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+}
+
+const USAGE: &str = "stratum_id, time, y, covariate_ids [, covariate_values] [, options]";
+
+/// Which optional arguments are present, from the argument types.
+fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
+    if types.len() < 4 || types.len() > 6 {
+        return plan_err!(
+            "{name} takes 4 to 6 arguments ({USAGE}), got {}",
+            types.len()
+        );
+    }
+    let is_text =
+        |t: &DataType| matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
+    let is_list = |t: &DataType| {
+        matches!(
+            t,
+            DataType::List(_) | DataType::LargeList(_) | DataType::Null
+        )
+    };
+    let has_options = is_text(&types[types.len() - 1]);
+    let has_values = types.len() - usize::from(has_options) == 5;
+    if types.len() - usize::from(has_options) > 5 {
+        return plan_err!("{name}: too many arguments ({USAGE})");
+    }
+    for (i, t) in types.iter().enumerate().take(3) {
+        if !(t.is_numeric() || *t == DataType::Null) {
+            return plan_err!(
+                "{name}: argument {} must be numeric ({USAGE}), got {t}",
+                i + 1
+            );
+        }
+    }
+    if !is_list(&types[3]) {
+        return plan_err!("{name}: argument 4 (covariate_ids) must be a list of ids, e.g. array_agg(covariate_id), got {}", types[3]);
+    }
+    if has_values && !is_list(&types[4]) {
+        return plan_err!(
+            "{name}: argument 5 (covariate_values) must be a list of numbers, got {}",
+            types[4]
+        );
+    }
+    Ok((has_values, has_options))
+}
+
+impl AggregateUDFImpl for FitAggregate {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::docs::doc(self.name)
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
+        layout(self.name, arg_types)?;
+        Ok(result_type())
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> DfResult<Box<dyn Accumulator>> {
+        let types: Vec<DataType> = args
+            .exprs
+            .iter()
+            .map(|e| e.data_type(args.schema))
+            .collect::<DfResult<_>>()?;
+        let (has_values, has_options) = layout(self.name, &types)?;
+        let options_json = if has_options {
+            let expr = &args.exprs[args.exprs.len() - 1];
+            match expr.downcast_ref::<Literal>().map(|l| l.value()) {
+                Some(
+                    ScalarValue::Utf8(Some(s))
+                    | ScalarValue::LargeUtf8(Some(s))
+                    | ScalarValue::Utf8View(Some(s)),
+                ) => s.clone(),
+                _ => {
+                    return plan_err!(
+                        "{}: the options argument must be a constant JSON string",
+                        self.name
+                    )
+                }
+            }
+        } else {
+            String::new()
+        };
+        let options =
+            parse_fit_options(self.model, &options_json).map_err(crate::fit_table::to_df_error)?;
+        let table = crate::options::parse_result_table(&options, &options_json)
+            .map_err(crate::fit_table::to_df_error)?;
+        if table != crate::options::ResultTable::Coefficients {
+            return plan_err!(
+                "{}: option `table` is not supported by the aggregates (they return the \
+                 coefficients); use the table function {}",
+                self.name,
+                self.name.trim_end_matches("_agg")
+            );
+        }
+        Ok(Box::new(FitAccumulator {
+            model: self.model,
+            options,
+            has_values,
+            rows: Vec::new(),
+        }))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> DfResult<Vec<FieldRef>> {
+        let list = |name: &str, t: DataType| {
+            Arc::new(Field::new(
+                format!("{}[{name}]", args.name),
+                DataType::List(Arc::new(Field::new("item", t, true))),
+                true,
+            ))
+        };
+        let inner_i = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+        let inner_f = DataType::List(Arc::new(Field::new("item", DataType::Float64, true)));
+        Ok(vec![
+            list("stratum_id", DataType::Int64),
+            list("time", DataType::Float64),
+            list("y", DataType::Float64),
+            list("covariate_ids", inner_i),
+            list("covariate_values", inner_f),
+        ])
+    }
+}
+
+/// One collected outcome row.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    stratum: Option<i64>,
+    time: f64,
+    y: f64,
+    ids: Vec<i64>,
+    values: Vec<f64>,
+}
+
+#[derive(Debug)]
+struct FitAccumulator {
+    model: ModelKind,
+    options: FitOptions,
+    has_values: bool,
+    rows: Vec<Row>,
+}
+
+fn as_i64(a: &ArrayRef) -> DfResult<Int64Array> {
+    Ok(cast(a, &DataType::Int64)?
+        .as_primitive::<datafusion::arrow::datatypes::Int64Type>()
+        .clone())
+}
+
+fn as_f64(a: &ArrayRef) -> DfResult<Float64Array> {
+    Ok(cast(a, &DataType::Float64)?
+        .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+        .clone())
+}
+
+fn list_i64(a: &ArrayRef) -> DfResult<ListArray> {
+    let t = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+    Ok(cast(a, &t)?.as_list::<i32>().clone())
+}
+
+fn list_f64(a: &ArrayRef) -> DfResult<ListArray> {
+    let t = DataType::List(Arc::new(Field::new("item", DataType::Float64, true)));
+    Ok(cast(a, &t)?.as_list::<i32>().clone())
+}
+
+impl FitAccumulator {
+    fn push_rows(
+        &mut self,
+        strata: &Int64Array,
+        time: &Float64Array,
+        y: &Float64Array,
+        ids: &ListArray,
+        values: Option<&ListArray>,
+    ) -> DfResult<()> {
+        for i in 0..time.len() {
+            if y.is_null(i) {
+                return exec_err!(
+                    "y is NULL in an input row of the {} aggregate",
+                    self.model.name()
+                );
+            }
+            let id_list: Vec<i64> = if ids.is_null(i) {
+                Vec::new()
+            } else {
+                let v = ids.value(i);
+                let v = v.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+                if v.null_count() > 0 {
+                    return exec_err!("covariate_ids contains NULL in an input row");
+                }
+                v.values().to_vec()
+            };
+            let value_list: Vec<f64> = match values {
+                Some(vals) if !vals.is_null(i) => {
+                    let v = vals.value(i);
+                    let v = v.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
+                    if v.len() != id_list.len() {
+                        return exec_err!(
+                            "covariate_values has {} entries but covariate_ids has {} in an input row",
+                            v.len(),
+                            id_list.len()
+                        );
+                    }
+                    if v.null_count() > 0 {
+                        return exec_err!("covariate_values contains NULL in an input row");
+                    }
+                    v.values().to_vec()
+                }
+                _ => vec![1.0; id_list.len()],
+            };
+            self.rows.push(Row {
+                stratum: (!strata.is_null(i)).then(|| strata.value(i)),
+                time: if time.is_null(i) { 1.0 } else { time.value(i) },
+                y: y.value(i),
+                ids: id_list,
+                values: value_list,
+            });
+        }
+        Ok(())
+    }
+
+    fn fit_group(
+        model: ModelKind,
+        options: &FitOptions,
+        mut rows: Vec<Row>,
+    ) -> crate::Result<epifusion_core::fit::FitResult> {
+        // Canonical order: results never depend on batch arrival order.
+        rows.sort_by(|a, b| {
+            a.stratum
+                .cmp(&b.stratum)
+                .then(a.time.total_cmp(&b.time))
+                .then(a.y.total_cmp(&b.y))
+                .then(a.ids.cmp(&b.ids))
+                .then_with(|| {
+                    a.values
+                        .iter()
+                        .zip(&b.values)
+                        .map(|(x, y)| x.total_cmp(y))
+                        .find(|o| o.is_ne())
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                })
+        });
+        let mut b = DesignBuilder::new();
+        for (k, r) in rows.iter().enumerate() {
+            b.push_outcome(OutcomeRecord {
+                row_id: k as i64,
+                stratum_id: r.stratum,
+                time: Some(r.time),
+                y: r.y,
+                ..Default::default()
+            });
+            for (&id, &v) in r.ids.iter().zip(&r.values) {
+                b.push_covariate(k as i64, id, v);
+            }
+        }
+        let _ = model;
+        fit_owned(b.build()?, options)
+    }
+}
+
+fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+impl Accumulator for FitAccumulator {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> DfResult<()> {
+        let strata = as_i64(&values[0])?;
+        let time = as_f64(&values[1])?;
+        let y = as_f64(&values[2])?;
+        let ids = list_i64(&values[3])?;
+        let vals = if self.has_values {
+            Some(list_f64(&values[4])?)
+        } else {
+            None
+        };
+        self.push_rows(&strata, &time, &y, &ids, vals.as_ref())
+    }
+
+    fn evaluate(&mut self) -> DfResult<ScalarValue> {
+        let fields = coefficient_fields();
+        if self.rows.is_empty() {
+            return Ok(ScalarValue::List(Arc::new(ListArray::new_null(
+                Arc::new(Field::new("item", DataType::Struct(fields), true)),
+                1,
+            ))));
+        }
+        let rows = std::mem::take(&mut self.rows);
+        let (model, options) = (self.model, self.options.clone());
+        let result = run_blocking(move || FitAccumulator::fit_group(model, &options, rows));
+        // One entry per coefficient: (id, estimate, se, lower, upper), plus fit-level values.
+        type Coef = (
+            Option<i64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+        );
+        let variance = result
+            .as_ref()
+            .ok()
+            .and_then(crate::convert::prior_variance);
+        let (coefs, ll, it, status): (Vec<Coef>, Option<f64>, Option<i64>, String) = match result {
+            Ok(r) => (
+                r.coefficients
+                    .iter()
+                    .map(|c| {
+                        (
+                            (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id),
+                            Some(c.estimate),
+                            c.std_error,
+                            c.ci_lower,
+                            c.ci_upper,
+                        )
+                    })
+                    .collect(),
+                Some(r.log_likelihood),
+                Some(r.iterations as i64),
+                r.status.name().to_string(),
+            ),
+            Err(e) => (
+                vec![(None, None, None, None, None)],
+                None,
+                None,
+                format!("failed: {e}"),
+            ),
+        };
+        let n = coefs.len();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter(coefs.iter().map(|c| c.0))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.1))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.2))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.3))),
+            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.4))),
+            Arc::new(Float64Array::from(vec![ll; n])),
+            Arc::new(Int64Array::from(vec![it; n])),
+            Arc::new(StringArray::from(vec![status; n])),
+            Arc::new(Float64Array::from(vec![variance; n])),
+        ];
+        let structs = StructArray::try_new(fields.clone(), columns, None)?;
+        let list = ListArray::try_new(
+            Arc::new(Field::new("item", DataType::Struct(fields), true)),
+            OffsetBuffer::from_lengths([n]),
+            Arc::new(structs),
+            None,
+        )?;
+        Ok(ScalarValue::List(Arc::new(list)))
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+            + self
+                .rows
+                .iter()
+                .map(|r| std::mem::size_of::<Row>() + r.ids.len() * 8 + r.values.len() * 8)
+                .sum::<usize>()
+    }
+
+    fn state(&mut self) -> DfResult<Vec<ScalarValue>> {
+        let mut strata = ListBuilder::new(Int64Builder::new());
+        let mut time = ListBuilder::new(Float64Builder::new());
+        let mut y = ListBuilder::new(Float64Builder::new());
+        let mut ids = ListBuilder::new(ListBuilder::new(Int64Builder::new()));
+        let mut vals = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
+        for r in &self.rows {
+            strata.values().append_option(r.stratum);
+            time.values().append_value(r.time);
+            y.values().append_value(r.y);
+            ids.values().values().append_slice(&r.ids);
+            ids.values().append(true);
+            vals.values().values().append_slice(&r.values);
+            vals.values().append(true);
+        }
+        strata.append(true);
+        time.append(true);
+        y.append(true);
+        ids.append(true);
+        vals.append(true);
+        Ok(vec![
+            ScalarValue::List(Arc::new(strata.finish())),
+            ScalarValue::List(Arc::new(time.finish())),
+            ScalarValue::List(Arc::new(y.finish())),
+            ScalarValue::List(Arc::new(ids.finish())),
+            ScalarValue::List(Arc::new(vals.finish())),
+        ])
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> DfResult<()> {
+        let (s, t, yv, i, v) = (
+            states[0].as_list::<i32>(),
+            states[1].as_list::<i32>(),
+            states[2].as_list::<i32>(),
+            states[3].as_list::<i32>(),
+            states[4].as_list::<i32>(),
+        );
+        for k in 0..s.len() {
+            if s.is_null(k) {
+                continue;
+            }
+            let strata = as_i64(&s.value(k))?;
+            let time = as_f64(&t.value(k))?;
+            let y = as_f64(&yv.value(k))?;
+            let ids = list_i64(&i.value(k))?;
+            let vals = list_f64(&v.value(k))?;
+            self.push_rows(&strata, &time, &y, &ids, Some(&vals))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,74 @@
+//! `epifusion run`: a pipeline file.
+
+use super::*;
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// Pipeline file (TOML), e.g. pipelines/gibleed.toml.
+    pub(crate) file: PathBuf,
+    /// OMOP store (folder or URL), overriding the file's `omop`.
+    #[arg(long)]
+    pub(crate) omop: Option<String>,
+    /// Output folder or URL, overriding the file's `output`.
+    #[arg(long)]
+    pub(crate) output: Option<String>,
+    /// Validate and print the plan (analyses, sizes, what would run); write nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Recompute analyses that are already complete.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
+    use epifusion::pipeline::{plan, progress::Progress, run};
+    let pipeline = plan::load(&a.file, a.omop.as_deref(), a.output.as_deref())?;
+    let opts = run::RunOptions {
+        dry_run: a.dry_run,
+        force: a.force,
+    };
+    let progress = Progress::new(pipeline.analyses.len());
+    let rt = runtime()?;
+    let summary = rt.block_on(run::run(&pipeline, opts, &progress))?;
+    if a.dry_run {
+        println!(
+            "pipeline {} ({}): OMOP {} → {}",
+            pipeline.name,
+            a.file.display(),
+            pipeline.omop,
+            pipeline.output
+        );
+        println!(
+            "{:<48} {:<7} {:<10} {:>12} {:>12}  action",
+            "analysis", "design", "model", "outcome rows", "covariates"
+        );
+        let n = |v: Option<usize>| v.map_or("–".to_string(), |v| v.to_string());
+        for r in &summary.plan {
+            println!(
+                "{:<48} {:<7} {:<10} {:>12} {:>12}  {}",
+                r.id,
+                r.design,
+                r.model,
+                n(r.outcome_rows),
+                n(r.covariate_entries),
+                r.action
+            );
+        }
+        println!("dry run: valid; nothing was written");
+        return Ok(());
+    }
+    println!(
+        "run {} complete: {} analyses ({} computed, {} skipped as complete)",
+        summary.run_id,
+        summary.computed.len() + summary.skipped.len(),
+        summary.computed.len(),
+        summary.skipped.len()
+    );
+    if let Some(m) = &summary.manifest {
+        println!("manifest: {m}");
+    }
+    if let Some(r) = &summary.report {
+        println!("report: {r}");
+    }
+    Ok(())
+}
