@@ -2,7 +2,7 @@
 
 // One coordinate's step, on the device (launch <<<1, EPI_BLOCK>>>): g = gconst[j] (or 0) + Σ
 // partial gradients, h = Σ partial curvatures; Newton step under the prior, trust region
-// |Δ| ≤ bound_j then bound_j = max(2|Δ|, bound_j/2) (src/model/ccd.rs). Writes Δ to *delta (read by
+// |Δ| ≤ bound_j then bound_j = max(2|Δ|, bound_j/2) (crates/core/src/model/ccd.rs). Writes Δ to *delta (read by
 // the model's update kernel), β_j += Δ, the running KKT violation, and state[0] = 1 on NaN/∞.
 extern "C" __global__ void PREC(ccd_step)(
     int j,

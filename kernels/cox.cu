@@ -10,7 +10,7 @@
 // (time ≥ t: a forward prefix sum, reset at stratum starts) plus, for Fine–Gray, the competing
 // rows of its stratum after k (time < t) weighted G(t−)/G(T−) (a backward sum: the stratum total
 // minus the prefix). Tied events are grouped (Breslow) or get Efron's d terms with the mean
-// event weight, exactly as `brute` in src/model/risk_set.rs.
+// event weight, exactly as `brute` in crates/core/src/model/risk_set.rs.
 //
 // Per coordinate: `risk_set_scatter` writes column j into the dense scratch column xcol, one
 // fused `risk_set_gradient` block does the segmented tuple prefix scan (and the Fine–Gray

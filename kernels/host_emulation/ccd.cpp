@@ -1,5 +1,5 @@
 // A whole CCD fit with the kernels of kernels/{ccd,sccs,cox}.cu on host threads, launched in the
-// same sequence as src/backend/cuda.rs (gradient → ccd_step → update per coordinate; η from
+// same sequence as crates/cuda/src/device.rs (gradient → ccd_step → update per coordinate; η from
 // scratch and LL once per cycle; gradient (KKT) convergence), compared with the CPU optimum.
 #include "shim.h"
 #include <cstdio>

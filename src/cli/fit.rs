@@ -14,7 +14,11 @@ pub(crate) struct FitArgs {
     /// Covariate table (.csv or .parquet): row_id, covariate_id, [covariate_value].
     #[arg(long)]
     pub(crate) covariates: Option<PathBuf>,
-    /// Prior: none, laplace or normal [none; laplace when --lambda or --variance is given].
+    /// Fit options as the SQL functions' JSON document (`'{"prior": "laplace", "cv": true}'`);
+    /// the flags below set keys on top of it. Keys and defaults: see the table below.
+    #[arg(long)]
+    pub(crate) options: Option<String>,
+    /// Prior: none, laplace or normal [none; laplace when --lambda, --variance or --cv is given].
     #[arg(long)]
     pub(crate) prior: Option<String>,
     /// Prior variance (Laplace λ = √(2/v); Normal σ² = v).
@@ -26,34 +30,34 @@ pub(crate) struct FitArgs {
     /// Covariates never penalized: ids (or column names in wide form), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub(crate) exclude: Vec<String>,
-    /// Ties for cox / fine_gray: breslow or efron.
-    #[arg(long, default_value = "breslow", value_parser = parse_ties)]
-    pub(crate) ties: Ties,
+    /// Ties for cox / fine_gray: breslow or efron [breslow].
+    #[arg(long)]
+    pub(crate) ties: Option<String>,
     /// Stopping rule: objective (relative change of the objective after a cycle) or gradient
-    /// (largest KKT violation in the cycle).
-    #[arg(long, default_value = "objective", value_parser = parse_convergence)]
-    pub(crate) convergence: Convergence,
-    /// Convergence tolerance of the stopping rule.
-    #[arg(long, default_value_t = 1e-6)]
-    pub(crate) tolerance: f64,
-    /// Maximum number of CCD cycles.
-    #[arg(long, default_value_t = 1000)]
-    pub(crate) max_iterations: usize,
-    /// Confidence intervals for unpenalized coefficients: profile, wald or none.
-    #[arg(long, default_value = "profile", value_parser = parse_ci)]
-    pub(crate) ci: CiMethod,
-    /// Confidence level.
-    #[arg(long, default_value_t = 0.95)]
-    pub(crate) ci_level: f64,
-    /// Threads [all cores].
+    /// (largest KKT violation in the cycle) [objective].
+    #[arg(long)]
+    pub(crate) convergence: Option<String>,
+    /// Convergence tolerance of the stopping rule [1e-6].
+    #[arg(long)]
+    pub(crate) tolerance: Option<f64>,
+    /// Maximum number of CCD cycles [1000].
+    #[arg(long)]
+    pub(crate) max_iterations: Option<usize>,
+    /// Confidence intervals: profile, wald, bootstrap or none [profile].
+    #[arg(long)]
+    pub(crate) ci: Option<String>,
+    /// Confidence level [0.95].
+    #[arg(long)]
+    pub(crate) ci_level: Option<f64>,
+    /// Threads, 1–1024 [all cores].
     #[arg(long)]
     pub(crate) threads: Option<usize>,
-    /// auto, cpu or cuda (auto uses the CPU until the CUDA kernels are verified on a GPU).
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub(crate) device: Device,
-    /// Storage precision of the design on the GPU: f64, or f32 with f64 accumulation.
-    #[arg(long, default_value = "f64", value_parser = parse_precision)]
-    pub(crate) precision: Precision,
+    /// auto, cpu or cuda (auto uses the CPU until the CUDA kernels are verified on a GPU) [auto].
+    #[arg(long)]
+    pub(crate) device: Option<String>,
+    /// Storage precision of the design on the GPU: f64, or f32 with f64 accumulation [f64].
+    #[arg(long)]
+    pub(crate) precision: Option<String>,
     /// Write the result table (.csv, .json or .parquet).
     #[arg(long)]
     pub(crate) output: Option<PathBuf>,
@@ -76,22 +80,22 @@ pub(crate) struct FitArgs {
     /// Choose the prior variance by cross-validation (prior laplace unless --prior normal).
     #[arg(long)]
     pub(crate) cv: bool,
-    /// Cross-validation folds.
-    #[arg(long, default_value_t = 10)]
-    pub(crate) folds: usize,
-    /// Cross-validation repetitions.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) cv_repetitions: usize,
+    /// Cross-validation folds [10] (`cv.folds`).
+    #[arg(long)]
+    pub(crate) folds: Option<usize>,
+    /// Cross-validation repetitions [1] (`cv.repetitions`).
+    #[arg(long)]
+    pub(crate) cv_repetitions: Option<usize>,
     /// Grid search over these variances (comma-separated) instead of the auto search.
     #[arg(long, value_delimiter = ',')]
     pub(crate) cv_grid: Vec<f64>,
     /// Folds and bootstrap samples by: auto (strata for sccs / conditional_logistic, rows
-    /// otherwise), row or stratum.
-    #[arg(long, default_value = "auto")]
-    pub(crate) resample_by: String,
-    /// Seed of the cross-validation folds and the bootstrap.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
+    /// otherwise), row or stratum [auto] (`cv.by`, `bootstrap.by`).
+    #[arg(long)]
+    pub(crate) resample_by: Option<String>,
+    /// Seed of the cross-validation folds and the bootstrap [1] (`cv.seed`, `bootstrap.seed`).
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
     /// Bootstrap with this many replicates (percentile intervals with --ci bootstrap).
     #[arg(long)]
     pub(crate) bootstrap: Option<usize>,
@@ -116,69 +120,80 @@ pub(crate) struct FitArgs {
     pub(crate) bootstrap_output: Option<PathBuf>,
 }
 
-pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
-    let family = match (&a.prior, a.variance.or(a.lambda)) {
-        (Some(p), _) => p.clone(),
-        (None, Some(_)) => "laplace".into(),
-        (None, None) => "none".into(),
+/// The options model ([`epifusion::options::FitSpec`]) from `--options` and the flags, the
+/// flags setting keys on top of the JSON document.
+pub(crate) fn fit_spec(a: &FitArgs) -> Result<FitSpec> {
+    use epifusion::options::{BootstrapSpec, CvSpec, ListOr, ProfileSpec, Toggle};
+    let mut spec = match &a.options {
+        Some(json) => epifusion::engine::options::parse_fit_spec(json)?,
+        None => FitSpec::default(),
     };
-    let prior = if a.cv && a.variance.is_none() && a.lambda.is_none() {
-        // The variance is chosen by cross-validation; 1 is a placeholder.
-        let family = if a.prior.is_none() {
-            "laplace"
-        } else {
-            family.as_str()
-        };
-        Prior::from_parts(family, Some(1.0), None)?
-    } else {
-        Prior::from_parts(&family, a.variance, a.lambda)?
+    let set = |slot: &mut Option<String>, v: &Option<String>| {
+        if v.is_some() {
+            *slot = v.clone();
+        }
     };
-    let mut opts = FitOptions::new(a.model);
-    let by = Resampling::parse("--resample-by", &a.resample_by)?;
+    set(&mut spec.prior, &a.prior);
+    set(&mut spec.ties, &a.ties);
+    set(&mut spec.convergence, &a.convergence);
+    set(&mut spec.ci, &a.ci);
+    set(&mut spec.device, &a.device);
+    set(&mut spec.precision, &a.precision);
+    if a.variance.is_some() || a.lambda.is_some() {
+        spec.variance = a.variance;
+        spec.lambda = a.lambda;
+    }
+    spec.tolerance = a.tolerance.or(spec.tolerance);
+    spec.max_iterations = a.max_iterations.or(spec.max_iterations);
+    spec.ci_level = a.ci_level.or(spec.ci_level);
+    spec.threads = a.threads.or(spec.threads);
+    let cv_flags = a.folds.is_some() || a.cv_repetitions.is_some() || !a.cv_grid.is_empty();
     if a.cv {
-        opts.cv = Some(CvOptions {
-            folds: a.folds,
-            repetitions: a.cv_repetitions,
-            seed: a.seed,
-            search: if a.cv_grid.is_empty() {
-                CvSearch::Auto
-            } else {
-                CvSearch::Grid(a.cv_grid.clone())
-            },
-            by,
-            ..Default::default()
-        });
-    } else if !a.cv_grid.is_empty() || a.cv_output.is_some() {
-        bail!("--cv-grid and --cv-output need --cv");
+        let mut cv = match spec.cv.take() {
+            Some(t) => t.into_spec().unwrap_or_default(),
+            None => CvSpec::default(),
+        };
+        cv.folds = a.folds.or(cv.folds);
+        cv.repetitions = a.cv_repetitions.or(cv.repetitions);
+        if !a.cv_grid.is_empty() {
+            cv.grid = Some(ListOr::List(a.cv_grid.clone()));
+        }
+        cv.by = a.resample_by.clone().or(cv.by);
+        cv.seed = a.seed.or(cv.seed);
+        spec.cv = Some(Toggle::Spec(cv));
+    } else if cv_flags || a.cv_output.is_some() {
+        bail!("--folds, --cv-repetitions, --cv-grid and --cv-output need --cv");
     }
     if let Some(n) = a.bootstrap {
-        opts.bootstrap = Some(BootstrapOptions {
-            replicates: n,
-            by,
-            seed: a.seed,
-        });
+        let mut b = match spec.bootstrap.take() {
+            Some(t) => t.into_spec().unwrap_or_default(),
+            None => BootstrapSpec::default(),
+        };
+        b.replicates = Some(n);
+        b.by = a.resample_by.clone().or(b.by);
+        b.seed = a.seed.or(b.seed);
+        spec.bootstrap = Some(Toggle::Spec(b));
     } else if a.bootstrap_output.is_some() {
         bail!("--bootstrap-output needs --bootstrap N");
     }
-    opts.profile = ProfileOptions {
-        covariates: a.profile.clone(),
-        include_penalty: !a.profile_without_penalty,
-        grid: a.profile_grid.then(epifusion::fit::default_profile_grid),
-    };
+    if !a.profile.is_empty() || a.profile_grid || a.profile_without_penalty {
+        spec.profile = Some(ListOr::Object(ProfileSpec {
+            covariates: Some(a.profile.clone()),
+            include_penalty: Some(!a.profile_without_penalty),
+            grid: a.profile_grid.then_some(ListOr::Flag(true)),
+        }));
+    }
     if a.profile_output.is_some() && !a.profile_grid {
         bail!("--profile-output needs --profile-grid (and --profile ids)");
     }
-    opts.ties = a.ties;
-    opts.prior = prior;
-    opts.ccd.tolerance = a.tolerance;
-    opts.ccd.convergence = a.convergence;
-    opts.ccd.max_iterations = a.max_iterations;
-    opts.ci = a.ci;
-    opts.ci_level = a.ci_level;
-    opts.threads = a.threads;
-    opts.device = a.device;
-    opts.precision = a.precision;
-    opts.check()?;
+    if spec.table.is_some() {
+        bail!("--options: `table` is for the SQL table functions; use --cv-output, --profile-output or --bootstrap-output");
+    }
+    Ok(spec)
+}
+
+pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
+    let mut opts: FitOptions = fit_spec(a)?.check(a.model)?;
     for out in [
         &a.output,
         &a.cv_output,
@@ -230,7 +245,9 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
             design.dropped_unknown
         );
     }
-    opts.exclude = resolve_exclude(&a.exclude, &design)?;
+    if !a.exclude.is_empty() {
+        opts.exclude = resolve_exclude(&a.exclude, &design)?;
+    }
 
     let result = fit_owned(design, &opts)?;
     if let Some(note) = &result.device_note {

@@ -17,6 +17,7 @@ pub(crate) use epifusion::model::cv::{CvOptions, CvSearch, Resampling};
 pub(crate) use epifusion::model::design::DesignMatrix;
 pub(crate) use epifusion::model::prior::Prior;
 pub(crate) use epifusion::model::{ModelKind, Ties};
+pub(crate) use epifusion::options::FitSpec;
 
 pub(crate) mod bench;
 pub(crate) mod bench_omop;
@@ -46,6 +47,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
     /// Fit a model to a long-format outcome + covariate table pair, or to one wide table.
+    #[command(after_long_help = fit_options_help())]
     Fit(Box<FitArgs>),
     /// Time a Laplace-penalized fit on seeded synthetic data or a benchmark directory.
     Bench(BenchArgs),
@@ -59,6 +61,14 @@ pub(crate) enum Command {
     /// Run a pipeline file: validate, fit every analysis, write Parquet results, manifests and
     /// an HTML report (resumable: complete analyses are skipped).
     Run(RunArgs),
+}
+
+/// The fit options table (`epifusion_core::options::FIT_OPTIONS`) for `epifusion fit --help`.
+fn fit_options_help() -> String {
+    format!(
+        "Fit options (--options JSON keys; the flags above set the same keys):\n{}",
+        epifusion::options::options_text()
+    )
 }
 
 pub(crate) fn parse_model(s: &str) -> std::result::Result<ModelKind, String> {

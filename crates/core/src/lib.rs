@@ -16,5 +16,6 @@ pub mod bench;
 pub mod error;
 pub mod fit;
 pub mod model;
+pub mod options;
 
 pub use error::{Error, Result};

@@ -224,8 +224,8 @@ pub struct AnalysisSpec {
     pub cohort: Option<Spanned<toml::Table>>,
     /// Fit options (the JSON options of the `*_fit` SQL functions, as TOML).
     pub fit: Option<Spanned<toml::Table>>,
-    /// Cross-validation of the prior variance.
-    pub cv: Option<Spanned<CvSpec>>,
+    /// Cross-validation of the prior variance: the `cv` fit option's keys, as TOML.
+    pub cv: Option<Spanned<toml::Table>>,
 }
 
 /// `[analysis.sql]`: the study tables as SQL over the OMOP views and the concept-set views.
@@ -244,61 +244,6 @@ pub struct SqlDesignSpec {
     pub attrition: Option<Spanned<String>>,
     /// Covariate reference: `covariate_id`, `covariate_name`.
     pub covariate_ref: Option<Spanned<String>>,
-}
-
-/// Search strategies of cross-validation.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CvSearchSpec {
-    /// Bracket and refine (Cyclops' auto search).
-    Auto,
-    /// Evaluate every variance of `grid`.
-    Grid,
-}
-
-/// Fold units of cross-validation.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CvBySpec {
-    /// Strata for conditional models, rows otherwise.
-    Auto,
-    /// Rows.
-    Row,
-    /// Whole strata.
-    Stratum,
-}
-
-/// `[analysis.cv]`: passed through as the `"cv"` fit option (issue #6).
-#[derive(Debug, Clone, Deserialize, PartialEq, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CvSpec {
-    /// Folds (≥ 2) [10].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub folds: Option<u32>,
-    /// Repetitions of the whole k-fold split (≥ 1) [1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub repetitions: Option<u32>,
-    /// Seed of the fold assignment.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    /// `auto` or `grid`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub search: Option<CvSearchSpec>,
-    /// Candidate variances (> 0) for the grid search.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grid: Option<Vec<f64>>,
-    /// `auto`, `row` or `stratum`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub by: Option<CvBySpec>,
-    /// First variance of the auto search (> 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_variance: Option<f64>,
-    /// Candidates evaluated at most by the auto search (≥ 3).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_steps: Option<u32>,
-    /// Threads for the folds (≥ 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub threads: Option<u32>,
 }
 
 /// Parse the TOML text: syntax, unknown keys and types (errors carry the line and column).
@@ -564,8 +509,9 @@ fn strip_option(e: &crate::Error) -> String {
     }
 }
 
-/// The JSON options object for the `*_fit` function, checked by
-/// [`epifusion_sql::options::parse_fit_options`]; `[analysis.cv]` becomes its `"cv"` member.
+/// The JSON options object for the `*_fit` function: `[analysis.fit]` with `[analysis.cv]` as
+/// its `"cv"` member, checked once by [`epifusion_sql::options::parse_fit_options`] (the
+/// options model of `epifusion_core::options`); errors name the key and its line.
 pub fn fit_options_json(
     a: &AnalysisSpec,
     model: ModelKind,
@@ -573,81 +519,68 @@ pub fn fit_options_json(
 ) -> Result<serde_json::Value, PipelineError> {
     let name = a.name.get_ref();
     let mut map = serde_json::Map::new();
+    let to_json = |table: &Spanned<toml::Table>, prefix: &str| {
+        table
+            .get_ref()
+            .iter()
+            .map(|(k, v)| {
+                serde_json::to_value(v).map(|v| (k.clone(), v)).map_err(|e| {
+                    src.error(
+                        src.key_span(&table.span(), k),
+                        format!("analysis `{name}`: {prefix}{k}"),
+                        e.to_string(),
+                    )
+                })
+            })
+            .collect::<Result<serde_json::Map<_, _>, _>>()
+    };
     if let Some(fit) = &a.fit {
-        for (k, v) in fit.get_ref() {
-            let value = serde_json::to_value(v).map_err(|e| {
-                src.error(
-                    src.key_span(&fit.span(), k),
-                    format!("analysis `{name}`: fit.{k}"),
-                    e.to_string(),
-                )
-            })?;
-            map.insert(k.clone(), value);
-        }
-        let json = serde_json::Value::Object(map.clone()).to_string();
-        if let Err(e) = epifusion_sql::options::parse_fit_options(model, &json) {
-            let key = match &e {
-                crate::Error::BadOption { option, .. } => option.clone(),
-                _ => String::new(),
-            };
-            let span = if key.is_empty() {
-                fit.span()
-            } else {
-                src.key_span(&fit.span(), &key)
-            };
+        if fit.get_ref().contains_key("cv") && a.cv.is_some() {
             return Err(src.error(
-                span,
-                format!("analysis `{name}`: fit.{key}"),
-                strip_option(&e),
+                src.key_span(&fit.span(), "cv"),
+                format!("analysis `{name}`: fit.cv"),
+                "give cross-validation either as `fit.cv` or as `[analysis.cv]`, not both",
             ));
         }
+        map = to_json(fit, "fit.")?;
     }
     if let Some(cv) = &a.cv {
-        let c = cv.get_ref();
-        let bad = |key: &str, msg: &str| {
-            Err(src.error(
-                src.key_span(&cv.span(), key),
-                format!("analysis `{name}`: cv.{key}"),
-                msg.to_string(),
-            ))
-        };
-        if c.folds.is_some_and(|f| f < 2) {
-            return bad("folds", "must be ≥ 2");
-        }
-        if c.repetitions == Some(0) {
-            return bad("repetitions", "must be ≥ 1");
-        }
-        if c.threads == Some(0) {
-            return bad("threads", "must be ≥ 1");
-        }
-        if c.max_steps.is_some_and(|m| m < 3) {
-            return bad("max_steps", "must be ≥ 3");
-        }
-        if c.start_variance
-            .is_some_and(|v| !(v.is_finite() && v > 0.0))
-        {
-            return bad("start_variance", "must be a finite number > 0");
-        }
-        if let Some(g) = &c.grid {
-            if g.is_empty() || g.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
-                return bad("grid", "must be a non-empty list of variances > 0");
-            }
-            if c.search == Some(CvSearchSpec::Auto) {
-                return bad("grid", "applies to search = \"grid\"");
-            }
-        }
-        if !epifusion_sql::options::FIT_OPTION_KEYS.contains(&"cv") {
-            return Err(src.error(
-                cv.span(),
-                format!("analysis `{name}`: cv"),
-                "cross-validation needs the `cv` fit option (issue #6), which this build lacks",
-            ));
-        }
-        let value = serde_json::to_value(c)
-            .map_err(|e| src.error(cv.span(), format!("analysis `{name}`: cv"), e.to_string()))?;
-        map.insert("cv".into(), value);
+        map.insert("cv".into(), serde_json::Value::Object(to_json(cv, "cv.")?));
     }
-    Ok(serde_json::Value::Object(map))
+    let json = serde_json::Value::Object(map);
+    if let Err(e) = epifusion_sql::options::parse_fit_options(model, &json.to_string()) {
+        let key = match &e {
+            crate::Error::BadOption { option, .. } => option.clone(),
+            _ => String::new(),
+        };
+        // `cv.folds` is written as `folds` under `[analysis.cv]` (or inside `fit.cv`).
+        let (table, label, written) = match (key.strip_prefix("cv."), &a.cv) {
+            (Some(rest), Some(cv)) => (cv, format!("cv.{rest}"), rest.to_string()),
+            (None, Some(cv)) if key == "cv" => (cv, "cv".to_string(), String::new()),
+            _ => match &a.fit {
+                Some(fit) => (fit, format!("fit.{key}"), key.clone()),
+                None => {
+                    return Err(src.error(
+                        0..0,
+                        format!("analysis `{name}`: {key}"),
+                        strip_option(&e),
+                    ))
+                }
+            },
+        };
+        let leaf = written.rsplit('.').next().unwrap_or_default().to_string();
+        let span = if leaf.is_empty() {
+            table.span()
+        } else {
+            src.key_span(&table.span(), &leaf)
+        };
+        return Err(src.error(
+            span,
+            format!("analysis `{name}`: {label}"),
+            strip_option(&e),
+        ));
+    }
+    Ok(json)
 }
 
 #[cfg(test)]
@@ -732,11 +665,16 @@ ci = "wald"
         assert!(e.contains("p.toml:21:") && e.contains("line 10"), "{e}");
         let e = err(&format!("{OK}[analysis.cv]\nfolds = 1\n"));
         assert!(e.contains("p.toml:20:") && e.contains("cv.folds"), "{e}");
+        // `threads` is a fit option, not a CV one: rejected here, never at fit time.
+        let e = err(&format!("{OK}[analysis.cv]\nfolds = 5\nthreads = 2\n"));
+        assert!(e.contains("p.toml:20:") && e.contains("threads"), "{e}");
+        let e = err(&format!("{OK}[analysis.cv]\nfolds = 5\nsearch = \"grd\"\n"));
+        assert!(e.contains("p.toml:20:") && e.contains("cv.search"), "{e}");
     }
 
     #[test]
     fn the_example_pipelines_parse_and_check() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines");
         let mut n = 0;
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
@@ -745,13 +683,8 @@ ci = "wald"
             }
             let s = Source::read(&path).unwrap();
             let f = parse(&s).unwrap_or_else(|e| panic!("{e}"));
-            match check(&f, &s) {
-                Ok(()) => {}
-                // Cross-validation needs the `cv` fit option of issue #6.
-                Err(e) if !epifusion_sql::options::FIT_OPTION_KEYS.contains(&"cv") => {
-                    assert!(e.to_string().contains("cv"), "{e}")
-                }
-                Err(e) => panic!("{e}"),
+            if let Err(e) = check(&f, &s) {
+                panic!("{e}");
             }
             n += 1;
         }

@@ -2,7 +2,7 @@
 //!
 //! * `design = "sql"` runs the unit's queries.
 //! * `design = "sccs"`: the `[analysis.sccs]` table holds [`SccsDesign`]'s settings (see
-//!   `src/engine/study/sccs.rs`); the per-exposure keys `risk_windows`, `stratify_by_id`,
+//!   `crates/sql/src/study/sccs.rs`); the per-exposure keys `risk_windows`, `stratify_by_id`,
 //!   `first_occurrence_only`, `label` and `id` may be written at the top of the table and apply
 //!   to the unit's exposure. The unit's `exposure` and `outcome` concept sets become the
 //!   design's `exposures` and `outcome`.

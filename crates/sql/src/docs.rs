@@ -24,14 +24,23 @@ const SECTION: DocSection = DocSection {
     description: Some("Regularized regression for drug-safety studies"),
 };
 
-const OPTIONS_DOC: &str = "JSON object: prior (none|laplace|normal), variance or lambda, exclude \
-    (covariate ids never penalized), ties (breslow|efron), convergence (objective|gradient), \
-    tolerance [1e-6], max_iterations [1000], ci (profile|wald|bootstrap|none), ci_level [0.95], \
-    device (auto|cpu|cuda), threads; cv (true or {folds [10], repetitions [1], seed [1], search \
-    (auto|grid), grid, by (auto|row|stratum), start_variance, max_steps [20]}: choose the prior \
-    variance by cross-validation), bootstrap (true or {replicates [200], by, seed [1]}), profile \
-    ([ids] or {covariates, include_penalty [true], grid (true|[values]|{from, to, steps})}), \
-    table (coefficients|cv|profile|bootstrap|replicates: which table a table function returns)";
+/// The `options` argument's documentation, generated from
+/// [`epifusion_core::options::FIT_OPTIONS`]: `` `key` (type) [default]: meaning `` per key.
+pub fn options_documentation() -> String {
+    let keys: Vec<String> = epifusion_core::options::FIT_OPTIONS
+        .iter()
+        .map(|d| {
+            format!(
+                "`{}` ({}) [{}]: {}",
+                d.key,
+                d.ty,
+                d.default.replace('`', ""),
+                d.meaning.replace("\\|", "|")
+            )
+        })
+        .collect();
+    format!("JSON object; keys: {}", keys.join("; "))
+}
 
 fn model_words(model: ModelKind) -> &'static str {
     match model {
@@ -62,7 +71,7 @@ fn table_doc(name: &str, model: ModelKind) -> Documentation {
         "Table name or SQL query: long format (row_id, [stratum_id], time, y, [weight, start_time, offset, censor_weight]) or, without covariates, a wide table whose other numeric columns are the covariates",
     )
     .with_argument("covariates", "Table name or SQL query: row_id, covariate_id, [covariate_value]")
-    .with_argument("options", OPTIONS_DOC)
+    .with_argument("options", options_documentation())
     .with_sql_example(format!(
         "SELECT covariate, estimate, std_error FROM {name}('SELECT time, y, age, sex FROM lung', '{{\"ci\": \"wald\"}}');"
     ))
@@ -86,7 +95,7 @@ fn aggregate_doc(name: &str, model: ModelKind) -> Documentation {
     .with_argument("y", "outcome")
     .with_argument("covariate_ids", "list of BIGINT covariate ids of the row (e.g. array_agg(covariate_id))")
     .with_argument("covariate_values", "list of DOUBLE values, same length (default all 1)")
-    .with_argument("options", OPTIONS_DOC)
+    .with_argument("options", options_documentation())
     .with_sql_example(format!(
         "SELECT outcome_id, unnest(fit) FROM (SELECT outcome_id, {name}(case_id, days, events, covariate_ids, '{{\"prior\": \"laplace\", \"lambda\": 3}}') AS fit FROM intervals GROUP BY outcome_id);"
     ))
