@@ -8,11 +8,13 @@
 //! inference, CV and bootstrap) → [`backend`] (the CPU backend and the [`backend::GpuBackend`]
 //! trait a GPU crate implements) → [`fit`] (the fit API). This crate has no Arrow, Parquet,
 //! DataFusion, tokio or CUDA dependency (Cargo enforces it): `cargo test -p epifusion-core`
-//! builds none of them. [`bench`] holds the seeded data generators of `epifusion bench`.
+//! builds none of them. [`bench`] holds the seeded data generators of `epifusion bench`;
+//! [`calibration`] the empirical calibration of estimates with negative controls.
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod bench;
+pub mod calibration;
 pub mod error;
 pub mod fit;
 pub mod model;
