@@ -101,9 +101,9 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
         Some(dir) => load_bench_dir(dir, a.model)?,
         None => {
             let data = match a.model {
-                ModelKind::Cox => bench::cox_data(a.n, a.p, a.density, a.seed)?,
-                ModelKind::FineGray => bench::fine_gray_data(a.n, a.p, a.density, a.seed)?,
-                ModelKind::ConditionalPoisson => bench::sccs_data(a.n, a.p, a.seed)?,
+                ModelKind::Cox => epifusion::bench::cox_data(a.n, a.p, a.density, a.seed)?,
+                ModelKind::FineGray => epifusion::bench::fine_gray_data(a.n, a.p, a.density, a.seed)?,
+                ModelKind::ConditionalPoisson => epifusion::bench::sccs_data(a.n, a.p, a.seed)?,
                 other => bail!(
                     "bench supports cox, fine_gray and sccs (got {})",
                     other.name()
@@ -144,13 +144,13 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.threads = Some(a.threads);
         opts.device = a.device;
         opts.precision = a.precision;
-        let cpu_before = bench::cpu_seconds();
+        let cpu_before = epifusion::bench::cpu_seconds();
         let keep = (a.cv_folds.is_some() || a.profile_covariate.is_some()).then(|| design.clone());
         let r = fit_owned(design, &opts)?;
         let fit_seconds = r.fit_seconds;
         // Building the likelihood (sorting the columns etc.) is the rest of the wall time.
         out["setup_seconds"] = (r.seconds - fit_seconds).into();
-        if let (Some(a), Some(b)) = (cpu_before, bench::cpu_seconds()) {
+        if let (Some(a), Some(b)) = (cpu_before, epifusion::bench::cpu_seconds()) {
             out["cpu_seconds"] = (b - a).into();
         }
         let l1: f64 = r.coefficients.iter().map(|c| c.estimate.abs()).sum();
@@ -226,7 +226,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
             out["profile_ci"] = serde_json::json!([c.ci_lower, c.ci_upper]);
         }
     }
-    let rss = bench::peak_rss_bytes();
+    let rss = epifusion::bench::peak_rss_bytes();
     out["peak_rss_bytes"] = rss.into();
     if let Some(rss) = rss {
         out["peak_rss_over_csc"] = (rss as f64 / csc_bytes.max(1) as f64).into();

@@ -51,7 +51,7 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
         .map(|m| m.len())
         .sum();
     out["store_bytes"] = store_bytes.into();
-    out["rss_after_generate_bytes"] = bench::peak_rss_bytes().into();
+    out["rss_after_generate_bytes"] = epifusion::bench::peak_rss_bytes().into();
     let rt = runtime()?;
     rt.block_on(async {
         let ctx = new_session(&SessionOptions {
@@ -86,7 +86,7 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
             out["sccs_rows"] = rows(&t.outcomes).into();
             out["sccs_covariate_entries"] = rows(&t.covariates).into();
             out["sccs_output_bytes"] = bytes(&t).into();
-            out["rss_after_sccs_bytes"] = bench::peak_rss_bytes().into();
+            out["rss_after_sccs_bytes"] = epifusion::bench::peak_rss_bytes().into();
             if !a.fit {
                 drop(t);
             } else {
@@ -132,11 +132,11 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
             out["cohort_rows"] = rows(&t.outcomes).into();
             out["cohort_covariate_entries"] = rows(&t.covariates).into();
             out["cohort_output_bytes"] = bytes(&t).into();
-            out["rss_after_cohort_bytes"] = bench::peak_rss_bytes().into();
+            out["rss_after_cohort_bytes"] = epifusion::bench::peak_rss_bytes().into();
         }
         Ok::<_, anyhow::Error>(())
     })?;
-    out["peak_rss_bytes"] = bench::peak_rss_bytes().into();
+    out["peak_rss_bytes"] = epifusion::bench::peak_rss_bytes().into();
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

@@ -7,13 +7,11 @@ pub(crate) use anyhow::{bail, Context, Result};
 pub(crate) use clap::{Args, Parser, Subcommand};
 
 pub(crate) use epifusion::backend::{Device, Precision};
-pub(crate) use epifusion::bench;
 pub(crate) use epifusion::engine::convert::{self, ReadOptions};
 pub(crate) use epifusion::engine::options::ResultTable;
-pub(crate) use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult, ProfileOptions};
-pub(crate) use epifusion::model::bootstrap::BootstrapOptions;
+pub(crate) use epifusion::fit::{fit_owned, CiMethod, FitOptions, FitResult};
 pub(crate) use epifusion::model::ccd::Convergence;
-pub(crate) use epifusion::model::cv::{CvOptions, CvSearch, Resampling};
+pub(crate) use epifusion::model::cv::CvOptions;
 pub(crate) use epifusion::model::design::DesignMatrix;
 pub(crate) use epifusion::model::prior::Prior;
 pub(crate) use epifusion::model::{ModelKind, Ties};
@@ -79,9 +77,6 @@ pub(crate) fn parse_ties(s: &str) -> std::result::Result<Ties, String> {
 }
 pub(crate) fn parse_convergence(s: &str) -> std::result::Result<Convergence, String> {
     Convergence::parse(s).map_err(|e| e.to_string())
-}
-pub(crate) fn parse_ci(s: &str) -> std::result::Result<CiMethod, String> {
-    CiMethod::parse(s).map_err(|e| e.to_string())
 }
 pub(crate) fn parse_device(s: &str) -> std::result::Result<Device, String> {
     Device::parse(s).map_err(|e| e.to_string())

@@ -1,6 +1,7 @@
 //! Integration tests, compiled as one binary.
 
 mod cli;
+mod docs;
 mod fit_api;
 mod golden_cox;
 mod golden_fine_gray;

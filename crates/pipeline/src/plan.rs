@@ -662,6 +662,12 @@ pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), Pipel
                 ));
             }
         }
+        if let Some(user_sql) = &c.sql {
+            // A concept set's query is a data source: refused unless read-only.
+            epifusion_sql::planning::read_only_sql(ctx, user_sql)
+                .await
+                .map_err(|e| src.error(src.key_span(&span, "sql"), key.clone(), df_message(&e)))?;
+        }
         let sql = concept_set_sql(c, table);
         let create = format!("CREATE OR REPLACE VIEW {name} AS {sql}");
         ctx.sql(&create).await.map_err(|e| {
@@ -677,8 +683,7 @@ pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), Pipel
         if let Design::Sql(q) = &a.design {
             run_setup(ctx, q, src).await?;
             for (_, query) in q.tables() {
-                ctx.state()
-                    .create_logical_plan(&query.value)
+                epifusion_sql::planning::logical_plan(&ctx.state(), &query.value, &query.key)
                     .await
                     .map_err(|e| {
                         src.error(query.span.clone(), query.key.clone(), df_message(&e))

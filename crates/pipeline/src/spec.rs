@@ -502,9 +502,9 @@ pub fn model_of(a: &AnalysisSpec, src: &Source) -> Result<ModelKind, PipelineErr
     }
 }
 
-fn strip_option(e: &crate::Error) -> String {
+fn strip_option(e: &epifusion_core::Error) -> String {
     match e {
-        crate::Error::BadOption { message, .. } => message.clone(),
+        epifusion_core::Error::BadOption { message, .. } => message.clone(),
         other => other.to_string(),
     }
 }
@@ -550,7 +550,7 @@ pub fn fit_options_json(
     let json = serde_json::Value::Object(map);
     if let Err(e) = epifusion_sql::options::parse_fit_options(model, &json.to_string()) {
         let key = match &e {
-            crate::Error::BadOption { option, .. } => option.clone(),
+            epifusion_core::Error::BadOption { option, .. } => option.clone(),
             _ => String::new(),
         };
         // `cv.folds` is written as `folds` under `[analysis.cv]` (or inside `fit.cv`).

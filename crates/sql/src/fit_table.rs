@@ -26,7 +26,7 @@ use datafusion::common::{
     exec_datafusion_err, plan_err, DataFusionError, Result as DfResult, ScalarValue,
 };
 use datafusion::datasource::TableType;
-use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -44,9 +44,9 @@ use epifusion_core::model::ModelKind;
 
 /// Convert a library error into DataFusion's: option mistakes are planning errors, everything
 /// else is an execution (data) error.
-pub fn to_df_error(e: crate::Error) -> DataFusionError {
+pub fn to_df_error(e: epifusion_core::Error) -> DataFusionError {
     match e {
-        crate::Error::BadOption { .. } => DataFusionError::Plan(e.to_string()),
+        epifusion_core::Error::BadOption { .. } => DataFusionError::Plan(e.to_string()),
         other => DataFusionError::Execution(other.to_string()),
     }
 }
@@ -192,17 +192,7 @@ pub struct FitTable {
     designs: Arc<DesignRegistry>,
 }
 
-/// Plan a SQL string in the calling session.
-pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn ExecutionPlan>> {
-    let state = state
-        .as_any()
-        .downcast_ref::<SessionState>()
-        .ok_or_else(|| {
-            exec_datafusion_err!("epifusion table functions need a DataFusion SessionState")
-        })?;
-    let plan = state.create_logical_plan(sql).await?;
-    state.create_physical_plan(&plan).await
-}
+pub use crate::planning::plan_sql;
 
 #[async_trait]
 impl TableProvider for FitTable {
@@ -352,7 +342,7 @@ impl CollectedInputs {
     pub fn design(
         self,
         read: &ReadOptions,
-    ) -> crate::Result<epifusion_core::model::design::DesignMatrix> {
+    ) -> epifusion_core::Result<epifusion_core::model::design::DesignMatrix> {
         let (schema, batches) = self.outcomes;
         let outcomes = BatchSource::from_batches("outcomes", schema, batches);
         let (builder, _report) = match self.covariates {
@@ -370,7 +360,7 @@ impl CollectedInputs {
 /// Run `work` on a blocking thread (never on a tokio worker) and convert its error.
 pub async fn run_blocking<T: Send + 'static>(
     what: &str,
-    work: impl FnOnce() -> crate::Result<T> + Send + 'static,
+    work: impl FnOnce() -> epifusion_core::Result<T> + Send + 'static,
 ) -> DfResult<T> {
     datafusion::common::runtime::SpawnedTask::spawn_blocking(work)
         .join()

@@ -322,7 +322,7 @@ impl FitAccumulator {
         model: ModelKind,
         options: &FitOptions,
         mut rows: Vec<Row>,
-    ) -> crate::Result<epifusion_core::fit::FitResult> {
+    ) -> epifusion_core::Result<epifusion_core::fit::FitResult> {
         // Canonical order: results never depend on batch arrival order.
         rows.sort_by(|a, b| {
             a.stratum

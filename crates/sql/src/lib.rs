@@ -16,6 +16,7 @@ pub mod fit_table;
 pub mod fit_udaf;
 pub mod omop;
 pub mod options;
+pub mod planning;
 pub mod session;
 pub mod shell;
 pub mod store;

@@ -117,7 +117,14 @@ pub fn parse_fit_spec(json: &str) -> Result<FitSpec> {
     }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let message = e.into_inner().to_string();
+        let mut message = e.into_inner().to_string();
+        // serde says "unknown field `x`, expected one of `a`, `b`": say it as the other
+        // option errors do.
+        if let Some(rest) = message.strip_prefix("unknown field `") {
+            if let Some((_, expected)) = rest.split_once("`, expected ") {
+                message = format!("unknown option; expected {}", expected.replace('`', ""));
+            }
+        }
         let key = if path.is_empty() || path == "." {
             "options".to_string()
         } else {

@@ -28,12 +28,12 @@ pub enum OutputFormat {
 
 impl OutputFormat {
     /// Parse `table`, `csv` or `json`.
-    pub fn parse(s: &str) -> crate::Result<Self> {
+    pub fn parse(s: &str) -> epifusion_core::Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "table" => Ok(OutputFormat::Table),
             "csv" => Ok(OutputFormat::Csv),
             "json" => Ok(OutputFormat::Json),
-            other => Err(crate::Error::option(
+            other => Err(epifusion_core::Error::option(
                 "format",
                 format!("unknown `{other}`; expected table, csv or json"),
             )),

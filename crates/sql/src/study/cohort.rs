@@ -44,9 +44,9 @@ use super::{
 };
 
 /// The population template.
-pub const COHORT_POPULATION_SQL: &str = include_str!("../../../sql/study/cohort_population.sql");
+pub const COHORT_POPULATION_SQL: &str = include_str!("../../../../sql/study/cohort_population.sql");
 /// The baseline covariate template.
-pub const COHORT_COVARIATES_SQL: &str = include_str!("../../../sql/study/cohort_covariates.sql");
+pub const COHORT_COVARIATES_SQL: &str = include_str!("../../../../sql/study/cohort_covariates.sql");
 /// Covariate id of the treatment (target = 1), never penalized by convention.
 pub const TREATMENT_ID: i64 = 1;
 

@@ -6,7 +6,7 @@
 //! first start to the latest end.
 
 /// The era template (`{exposures}`, `{persistence_days}`).
-pub const DRUG_ERAS_SQL: &str = include_str!("../../../sql/study/drug_eras.sql");
+pub const DRUG_ERAS_SQL: &str = include_str!("../../../../sql/study/drug_eras.sql");
 
 /// SQL of the eras of `exposures` (a query returning `person_id, concept_id, start_day,
 /// end_day`), with the persistence window in days.

@@ -342,9 +342,10 @@ pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-/// Run a query and collect its batches.
+/// Run a read-only query (settings and concept sets carry user SQL: no DML, COPY or DDL, see
+/// [`crate::planning`]) and collect its batches.
 pub async fn query(ctx: &SessionContext, sql: &str) -> DfResult<Vec<RecordBatch>> {
-    ctx.sql(sql).await?.collect().await
+    crate::planning::read_only_sql(ctx, sql).await?.collect().await
 }
 
 /// A uniquely named temporary table in `ctx`, removed when dropped.

@@ -55,9 +55,9 @@ use super::{
 };
 
 /// The study-population template.
-pub const SCCS_CASES_SQL: &str = include_str!("../../../sql/study/sccs_cases.sql");
+pub const SCCS_CASES_SQL: &str = include_str!("../../../../sql/study/sccs_cases.sql");
 /// Rows of a concept set for the kept cases.
-pub const SCCS_CASE_ROWS_SQL: &str = include_str!("../../../sql/study/sccs_case_rows.sql");
+pub const SCCS_CASE_ROWS_SQL: &str = include_str!("../../../../sql/study/sccs_case_rows.sql");
 
 /// Covariate id of the end-of-observation probe.
 pub const PROBE_ID: i64 = 99;
