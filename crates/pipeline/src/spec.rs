@@ -524,13 +524,15 @@ pub fn fit_options_json(
             .get_ref()
             .iter()
             .map(|(k, v)| {
-                serde_json::to_value(v).map(|v| (k.clone(), v)).map_err(|e| {
-                    src.error(
-                        src.key_span(&table.span(), k),
-                        format!("analysis `{name}`: {prefix}{k}"),
-                        e.to_string(),
-                    )
-                })
+                serde_json::to_value(v)
+                    .map(|v| (k.clone(), v))
+                    .map_err(|e| {
+                        src.error(
+                            src.key_span(&table.span(), k),
+                            format!("analysis `{name}`: {prefix}{k}"),
+                            e.to_string(),
+                        )
+                    })
             })
             .collect::<Result<serde_json::Map<_, _>, _>>()
     };
@@ -667,9 +669,9 @@ ci = "wald"
         assert!(e.contains("p.toml:20:") && e.contains("cv.folds"), "{e}");
         // `threads` is a fit option, not a CV one: rejected here, never at fit time.
         let e = err(&format!("{OK}[analysis.cv]\nfolds = 5\nthreads = 2\n"));
-        assert!(e.contains("p.toml:20:") && e.contains("threads"), "{e}");
+        assert!(e.contains("p.toml:21:") && e.contains("cv.threads"), "{e}");
         let e = err(&format!("{OK}[analysis.cv]\nfolds = 5\nsearch = \"grd\"\n"));
-        assert!(e.contains("p.toml:20:") && e.contains("cv.search"), "{e}");
+        assert!(e.contains("p.toml:21:") && e.contains("cv.search"), "{e}");
     }
 
     #[test]
