@@ -227,23 +227,8 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
     };
     let design = builder.build()?;
     let load_seconds = started.elapsed().as_secs_f64();
-    if report.dropped_null_rows > 0 {
-        eprintln!(
-            "note: dropped {} of {} rows with NULL in a used column",
-            report.dropped_null_rows, report.input_rows
-        );
-    }
-    if !report.skipped_columns.is_empty() {
-        eprintln!(
-            "note: skipped non-numeric columns: {}",
-            report.skipped_columns.join(", ")
-        );
-    }
-    if design.dropped_unknown > 0 {
-        eprintln!(
-            "note: dropped {} covariate entries with unknown row ids",
-            design.dropped_unknown
-        );
+    for note in report.notes(design.dropped_unknown) {
+        eprintln!("note: {note}");
     }
     if !a.exclude.is_empty() {
         opts.exclude = resolve_exclude(&a.exclude, &design)?;

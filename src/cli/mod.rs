@@ -94,7 +94,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) fn needs_time(model: ModelKind) -> bool {
-    !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic)
+    model.needs_time()
 }
 
 pub(crate) fn summary_line(r: &FitResult, load_seconds: f64) -> String {

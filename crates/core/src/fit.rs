@@ -270,6 +270,9 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
+    /// Notes on the fit that a user must see (device fallback; the layers above add rows
+    /// dropped for NULLs, skipped columns, …): the `notes` column of the result table.
+    pub notes: Vec<String>,
     /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
     pub gpu: Option<crate::backend::GpuFitStats>,
     /// The prior used (with the variance chosen by cross-validation, when there was one).
@@ -477,6 +480,7 @@ fn finish(
     let priors = PriorSet::new(prior, &excluded);
     let mut r = fit_shape(lik, shape, &priors, opts, started, gpu)?;
     r.device = device.name;
+    r.notes.extend(device.note.iter().cloned());
     r.device_note = device.note;
     r.prior = prior;
     Ok(r)
@@ -631,6 +635,7 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
+        notes: Vec::new(),
         gpu: gpu_stats,
         prior: Prior::None,
         cv: None,

@@ -322,8 +322,10 @@ pub fn unsupported(kind: ModelKind, x: &DesignMatrix) -> Option<String> {
         ModelKind::Cox | ModelKind::FineGray if x.rows.start_time.is_some() => {
             Some("counting-process (start, stop] rows have no CUDA kernel yet".into())
         }
-        ModelKind::Cox | ModelKind::FineGray => None,
-        other => Some(format!("{} has no CUDA kernel yet", other.name())),
+        other if !other.descriptor().gpu => {
+            Some(format!("{} has no CUDA kernel yet", other.name()))
+        }
+        _ => None,
     }
 }
 

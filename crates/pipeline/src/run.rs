@@ -31,7 +31,6 @@ use super::report::{self, ForestRow, Report, ReportAnalysis};
 use super::tables::{self, StudyTables};
 use super::PipelineError;
 use epifusion_core::model::ModelKind;
-use epifusion_sql::fit_table::FIT_FUNCTIONS;
 use epifusion_sql::session::{new_session, SessionOptions};
 
 /// Options of `epifusion run`.
@@ -709,11 +708,7 @@ async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fi
 }
 
 async fn fit_registered(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
-    let function = FIT_FUNCTIONS
-        .iter()
-        .find(|(_, m)| *m == a.model)
-        .map(|(n, _)| *n)
-        .ok_or_else(|| exec_datafusion_err!("no fit function for {}", a.model.name()))?;
+    let function = a.model.descriptor().table_function;
     let options = a.fit_options.to_string().replace('\'', "''");
     let estimates = ctx
         .sql(&format!(

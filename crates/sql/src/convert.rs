@@ -105,6 +105,33 @@ pub struct ReadReport {
     pub skipped_columns: Vec<String>,
 }
 
+impl ReadReport {
+    /// What a user must be told about the read (rows dropped for NULLs, skipped columns,
+    /// covariate entries dropped for unknown row ids): the CLI prints these, SQL fits put them
+    /// in the `notes` column.
+    pub fn notes(&self, dropped_unknown: usize) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.dropped_null_rows > 0 {
+            notes.push(format!(
+                "dropped {} of {} rows with NULL in a used column",
+                self.dropped_null_rows, self.input_rows
+            ));
+        }
+        if !self.skipped_columns.is_empty() {
+            notes.push(format!(
+                "skipped non-numeric columns: {}",
+                self.skipped_columns.join(", ")
+            ));
+        }
+        if dropped_unknown > 0 {
+            notes.push(format!(
+                "dropped {dropped_unknown} covariate entries with unknown row ids"
+            ));
+        }
+        notes
+    }
+}
+
 /// Outcome-table columns with a fixed meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -759,11 +786,13 @@ pub fn read_wide_from(
 /// The schema of [`result_batch`].
 pub fn result_schema() -> SchemaRef {
     let f = |name: &str, nullable: bool| Field::new(name, DataType::Float64, nullable);
-    Arc::new(Schema::new(vec![
+    let fields = vec![
         Field::new("covariate_id", DataType::Int64, true),
         Field::new("covariate", DataType::Utf8, false),
         f("estimate", false),
         f("std_error", true),
+        f("std_error_model", true),
+        f("std_error_robust", true),
         f("ci_lower", true),
         f("ci_upper", true),
         f("exp_estimate", false),
@@ -773,18 +802,42 @@ pub fn result_schema() -> SchemaRef {
         f("log_prior", false),
         Field::new("iterations", DataType::Int64, false),
         Field::new("status", DataType::Utf8, false),
+        Field::new("notes", DataType::Utf8, true),
         f("seconds", false),
         f("prior_variance", true),
-    ]))
+    ];
+    let metadata = std::collections::HashMap::from([(
+        RESULT_SCHEMA_VERSION_KEY.to_string(),
+        RESULT_SCHEMA_VERSION.to_string(),
+    )]);
+    Arc::new(Schema::new_with_metadata(fields, metadata))
 }
+
+/// Schema metadata key of the result table's version ([`RESULT_SCHEMA_VERSION`]).
+pub const RESULT_SCHEMA_VERSION_KEY: &str = "epifusion.result_schema";
+/// Version of [`result_schema`]: bumped when a column changes meaning or is removed (adding
+/// columns at the end does not break readers that select by name).
+pub const RESULT_SCHEMA_VERSION: &str = "2";
+
+/// The statuses a fit reports in the `status` column: `converged` (the stopping rule was met
+/// at a finite optimum), `max_iterations` (stopped at the iteration limit, not converged),
+/// `ill_conditioned` (non-finite values through every retry); the aggregates add
+/// `failed: <error>` for a group whose fit failed. More statuses (e.g. `no_finite_mle`) are
+/// added by the checks of the reliability work; readers must treat unknown values as "not
+/// converged".
+pub const STATUSES: &[&str] = &["converged", "max_iterations", "ill_conditioned"];
 
 /// The result table: one row per coefficient, with the fit-level values repeated.
 ///
-/// Columns: `covariate_id` (NULL for the intercept), `covariate`, `estimate`, `std_error`,
-/// `ci_lower`, `ci_upper`, `exp_estimate` (hazard / rate / odds ratio), `penalized`, `model`,
-/// `log_likelihood`, `log_prior`, `iterations`, `status`, `seconds`, `prior_variance` (the
-/// variance of the prior used — chosen by cross-validation when `cv` was given; NULL without a
-/// prior).
+/// Columns: `covariate_id` (NULL for the intercept), `covariate`, `estimate`, `std_error` (the
+/// one the interval uses), `std_error_model` (from the observed information),
+/// `std_error_robust` (sandwich, where computed), `ci_lower`, `ci_upper`, `exp_estimate` (hazard / rate / odds ratio), `penalized`, `model`,
+/// `log_likelihood`, `log_prior`, `iterations`, `status` ([`STATUSES`]), `notes` (what the
+/// user must know about the fit: device fallback, dropped rows, …), `seconds`,
+/// `prior_variance` (the variance of the prior used — chosen by cross-validation when `cv` was
+/// given; NULL without a prior). The schema carries its version
+/// ([`RESULT_SCHEMA_VERSION`]). The `GROUP BY` aggregates return the same fields as a list of
+/// structs; pipelines write the same table.
 pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
     let c = &r.coefficients;
     let n = c.len();
@@ -798,6 +851,9 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         )),
         Arc::new(Float64Array::from_iter_values(c.iter().map(|c| c.estimate))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error))),
+        // Every standard error is model-based (from the observed information) today.
+        Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error))),
+        Arc::new(Float64Array::from_iter(std::iter::repeat_n(None::<f64>, n))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_lower))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_upper))),
         Arc::new(Float64Array::from_iter_values(
@@ -824,6 +880,10 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
             r.status.name(),
             n,
         ))),
+        Arc::new(StringArray::from_iter(std::iter::repeat_n(
+            notes_text(r),
+            n,
+        ))),
         Arc::new(Float64Array::from_iter_values(std::iter::repeat_n(
             r.seconds, n,
         ))),
@@ -833,6 +893,11 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         ))),
     ];
     RecordBatch::try_new(schema, columns).map_err(|e| Error::Format(e.to_string()))
+}
+
+/// The `notes` column: the fit's notes joined by "; " (NULL when there are none).
+pub fn notes_text(r: &FitResult) -> Option<String> {
+    (!r.notes.is_empty()).then(|| r.notes.join("; "))
 }
 
 /// The variance of the prior used, if any.
@@ -1477,6 +1542,7 @@ mod tests {
             ci: CiMethod::Wald,
             device: "cpu".into(),
             device_note: None,
+            notes: Vec::new(),
             gpu: None,
             prior: epifusion_core::model::prior::Prior::None,
             cv: None,

@@ -13,9 +13,8 @@ use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{DocSection, Documentation, Expr};
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::fit_table::FIT_FUNCTIONS;
-use crate::fit_udaf::FIT_AGGREGATES;
-use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
+use crate::registry::{sql_functions, SqlRole};
+use crate::study::functions::{Design, Part};
 use epifusion_core::model::ModelKind;
 
 const SECTION: DocSection = DocSection {
@@ -43,14 +42,7 @@ pub fn options_documentation() -> String {
 }
 
 fn model_words(model: ModelKind) -> &'static str {
-    match model {
-        ModelKind::ConditionalPoisson => "a self-controlled case series (conditional Poisson with log(time) offset, strata = cases)",
-        ModelKind::Cox => "a Cox proportional-hazards model (Breslow or Efron ties, strata, weights, (start, stop] rows)",
-        ModelKind::FineGray => "a Fine–Gray subdistribution-hazards model (y: 1 event, 2 competing, 0 censored; IPCW weights computed)",
-        ModelKind::Logistic => "a logistic regression (with intercept)",
-        ModelKind::Poisson => "a Poisson regression (with intercept and log(time) offset)",
-        ModelKind::ConditionalLogistic => "a conditional logistic regression (strata = matched sets)",
-    }
+    model.descriptor().description
 }
 
 fn table_doc(name: &str, model: ModelKind) -> Documentation {
@@ -150,14 +142,19 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
     static DOCS: OnceLock<BTreeMap<&'static str, Documentation>> = OnceLock::new();
     DOCS.get_or_init(|| {
         let mut m = BTreeMap::new();
-        for &(name, model) in FIT_FUNCTIONS {
-            m.insert(name, table_doc(name, model));
-        }
-        for &(name, model) in FIT_AGGREGATES {
-            m.insert(name, aggregate_doc(name, model));
-        }
-        for &(name, design, part) in STUDY_FUNCTIONS {
-            m.insert(name, study_doc(name, design, part));
+        for f in sql_functions() {
+            match f.role {
+                SqlRole::Fit(model) => {
+                    m.insert(f.name, table_doc(f.name, model));
+                }
+                SqlRole::FitAggregate(model) => {
+                    m.insert(f.name, aggregate_doc(f.name, model));
+                }
+                SqlRole::Study(design, part) => {
+                    m.insert(f.name, study_doc(f.name, design, part));
+                }
+                SqlRole::DesignMatrix | SqlRole::Functions => {}
+            }
         }
         m.insert(
             "design_matrix",

@@ -71,16 +71,6 @@ impl FitTableFunction {
     }
 }
 
-/// Every fitting table function: (SQL name, model).
-pub const FIT_FUNCTIONS: &[(&str, ModelKind)] = &[
-    ("sccs_fit", ModelKind::ConditionalPoisson),
-    ("cox_fit", ModelKind::Cox),
-    ("fine_gray_fit", ModelKind::FineGray),
-    ("logistic_fit", ModelKind::Logistic),
-    ("poisson_fit", ModelKind::Poisson),
-    ("conditional_logistic_fit", ModelKind::ConditionalLogistic),
-];
-
 /// SQL for a table argument: a bare (possibly qualified) table name becomes `SELECT * FROM`.
 pub fn table_sql(arg: &str) -> String {
     let t = arg.trim();
@@ -343,9 +333,17 @@ impl CollectedInputs {
         self,
         read: &ReadOptions,
     ) -> epifusion_core::Result<epifusion_core::model::design::DesignMatrix> {
+        self.design_with_notes(read).map(|(x, _)| x)
+    }
+
+    /// [`Self::design`] and the read's notes ([`convert::ReadReport::notes`]).
+    pub fn design_with_notes(
+        self,
+        read: &ReadOptions,
+    ) -> epifusion_core::Result<(epifusion_core::model::design::DesignMatrix, Vec<String>)> {
         let (schema, batches) = self.outcomes;
         let outcomes = BatchSource::from_batches("outcomes", schema, batches);
-        let (builder, _report) = match self.covariates {
+        let (builder, report) = match self.covariates {
             Some((schema, batches)) => convert::read_long_from(
                 outcomes,
                 BatchSource::from_batches("covariates", schema, batches),
@@ -353,7 +351,9 @@ impl CollectedInputs {
             )?,
             None => convert::read_wide_from(outcomes, read)?,
         };
-        builder.build()
+        let x = builder.build()?;
+        let notes = report.notes(x.dropped_unknown);
+        Ok((x, notes))
     }
 }
 
@@ -380,10 +380,12 @@ pub async fn fit_from_plans(
     let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
     run_blocking("fit", move || {
         let read = ReadOptions {
-            require_time: !matches!(model, ModelKind::Logistic | ModelKind::ConditionalLogistic),
+            require_time: model.needs_time(),
             ..Default::default()
         };
-        let result = fit_owned(inputs.design(&read)?, &call.options)?;
+        let (x, read_notes) = inputs.design_with_notes(&read)?;
+        let mut result = fit_owned(x, &call.options)?;
+        result.notes.splice(0..0, read_notes);
         convert::table_batch(&result, call.table)
     })
     .await

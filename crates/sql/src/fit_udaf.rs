@@ -39,35 +39,17 @@ use datafusion::physical_expr::expressions::Literal;
 
 use crate::options::parse_fit_options;
 use epifusion_core::fit::{fit_owned, FitOptions};
-use epifusion_core::model::design::{DesignBuilder, OutcomeRecord, INTERCEPT_ID};
+use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
 use epifusion_core::model::ModelKind;
 
-/// Every fitting aggregate: (SQL name, model).
-pub const FIT_AGGREGATES: &[(&str, ModelKind)] = &[
-    ("sccs_fit_agg", ModelKind::ConditionalPoisson),
-    ("cox_fit_agg", ModelKind::Cox),
-    ("fine_gray_fit_agg", ModelKind::FineGray),
-    ("logistic_fit_agg", ModelKind::Logistic),
-    ("poisson_fit_agg", ModelKind::Poisson),
-    (
-        "conditional_logistic_fit_agg",
-        ModelKind::ConditionalLogistic,
-    ),
-];
-
-/// Fields of one coefficient in the result list.
+/// Fields of one coefficient in the result list: the result table's columns
+/// ([`crate::convert::result_schema`]), all nullable (a failed group has only a `status`).
 pub fn coefficient_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("covariate_id", DataType::Int64, true),
-        Field::new("estimate", DataType::Float64, true),
-        Field::new("std_error", DataType::Float64, true),
-        Field::new("ci_lower", DataType::Float64, true),
-        Field::new("ci_upper", DataType::Float64, true),
-        Field::new("log_likelihood", DataType::Float64, true),
-        Field::new("iterations", DataType::Int64, true),
-        Field::new("status", DataType::Utf8, false),
-        Field::new("prior_variance", DataType::Float64, true),
-    ])
+    crate::convert::result_schema()
+        .fields()
+        .iter()
+        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+        .collect()
 }
 
 fn result_type() -> DataType {
@@ -390,55 +372,21 @@ impl Accumulator for FitAccumulator {
         let rows = std::mem::take(&mut self.rows);
         let (model, options) = (self.model, self.options.clone());
         let result = run_blocking(move || FitAccumulator::fit_group(model, &options, rows));
-        // One entry per coefficient: (id, estimate, se, lower, upper), plus fit-level values.
-        type Coef = (
-            Option<i64>,
-            Option<f64>,
-            Option<f64>,
-            Option<f64>,
-            Option<f64>,
-        );
-        let variance = result
-            .as_ref()
-            .ok()
-            .and_then(crate::convert::prior_variance);
-        let (coefs, ll, it, status): (Vec<Coef>, Option<f64>, Option<i64>, String) = match result {
-            Ok(r) => (
-                r.coefficients
-                    .iter()
-                    .map(|c| {
-                        (
-                            (c.covariate_id != INTERCEPT_ID).then_some(c.covariate_id),
-                            Some(c.estimate),
-                            c.std_error,
-                            c.ci_lower,
-                            c.ci_upper,
-                        )
-                    })
-                    .collect(),
-                Some(r.log_likelihood),
-                Some(r.iterations as i64),
-                r.status.name().to_string(),
-            ),
-            Err(e) => (
-                vec![(None, None, None, None, None)],
-                None,
-                None,
-                format!("failed: {e}"),
-            ),
+        // One entry per coefficient: the result table's row (one function makes both).
+        let columns: Vec<ArrayRef> = match result.and_then(|r| crate::convert::result_batch(&r)) {
+            Ok(batch) => batch.columns().to_vec(),
+            Err(e) => fields
+                .iter()
+                .map(|f| match f.name().as_str() {
+                    "status" => {
+                        Arc::new(StringArray::from(vec![format!("failed: {e}")])) as ArrayRef
+                    }
+                    "model" => Arc::new(StringArray::from(vec![model.name()])) as ArrayRef,
+                    _ => datafusion::arrow::array::new_null_array(f.data_type(), 1),
+                })
+                .collect(),
         };
-        let n = coefs.len();
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from_iter(coefs.iter().map(|c| c.0))),
-            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.1))),
-            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.2))),
-            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.3))),
-            Arc::new(Float64Array::from_iter(coefs.iter().map(|c| c.4))),
-            Arc::new(Float64Array::from(vec![ll; n])),
-            Arc::new(Int64Array::from(vec![it; n])),
-            Arc::new(StringArray::from(vec![status; n])),
-            Arc::new(Float64Array::from(vec![variance; n])),
-        ];
+        let n = columns.first().map_or(0, |c| c.len());
         let structs = StructArray::try_new(fields.clone(), columns, None)?;
         let list = ListArray::try_new(
             Arc::new(Field::new("item", DataType::Struct(fields), true)),

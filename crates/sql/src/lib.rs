@@ -17,6 +17,7 @@ pub mod fit_udaf;
 pub mod omop;
 pub mod options;
 pub mod planning;
+pub mod registry;
 pub mod session;
 pub mod shell;
 pub mod store;

@@ -98,7 +98,7 @@ mod tests {
             assert!(e.contains("read-only"), "{sql}: {e}");
         }
         assert!(!out.exists(), "COPY wrote {}", out.display());
-        assert!(ctx.table_exist("t").unwrap_or(false) == false);
+        assert!(!ctx.table_exist("t").unwrap_or(false));
         // A plain query plans.
         assert!(plan_sql(&state, "SELECT 1 AS a").await.is_ok());
         let _ = std::fs::remove_dir_all(&dir);

@@ -7,11 +7,12 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::design_table::{DesignMatrixFunction, DesignRegistry};
-use crate::fit_table::{FitTableFunction, FIT_FUNCTIONS};
-use crate::fit_udaf::{FitAggregate, FIT_AGGREGATES};
+use crate::fit_table::FitTableFunction;
+use crate::fit_udaf::FitAggregate;
 use crate::omop;
+use crate::registry::{sql_functions, SqlRole};
 use crate::store::EnvObjectStoreRegistry;
-use crate::study::functions::{StudyTableFunction, STUDY_FUNCTIONS};
+use crate::study::functions::StudyTableFunction;
 
 /// Session settings.
 #[derive(Debug, Clone, Default)]
@@ -22,40 +23,35 @@ pub struct SessionOptions {
     pub batch_size: Option<usize>,
 }
 
-/// Names of every SQL function epifusion registers.
+/// Names of every SQL function epifusion registers ([`crate::registry`]).
 pub fn function_names() -> Vec<&'static str> {
-    FIT_FUNCTIONS
-        .iter()
-        .chain(FIT_AGGREGATES)
-        .map(|(n, _)| *n)
-        .chain(STUDY_FUNCTIONS.iter().map(|(n, _, _)| *n))
-        .chain(["design_matrix", "epifusion_functions"])
-        .collect()
+    sql_functions().iter().map(|f| f.name).collect()
 }
 
-/// Register every epifusion function in `ctx` (and install the CUDA backend for the process,
-/// so that fits with `device: auto | cuda` can find a GPU).
+/// Register every epifusion function of [`crate::registry::sql_functions`] in `ctx` (and
+/// install the CUDA backend for the process, so that fits with `device: auto | cuda` can find a
+/// GPU).
 pub fn register_all(ctx: &SessionContext) {
     epifusion_cuda::install();
     let designs = Arc::new(DesignRegistry::default());
-    for &(name, model) in FIT_FUNCTIONS {
-        ctx.register_udtf(
-            name,
-            Arc::new(FitTableFunction::new(name, model, designs.clone())),
-        );
-    }
-    ctx.register_udtf(
-        "design_matrix",
-        Arc::new(DesignMatrixFunction::new(designs)),
-    );
-    ctx.register_udtf("epifusion_functions", Arc::new(crate::docs::FunctionsTable));
-    for &(name, design, part) in STUDY_FUNCTIONS {
-        ctx.register_udtf(name, Arc::new(StudyTableFunction::new(name, design, part)));
-    }
-    for &(name, model) in FIT_AGGREGATES {
-        ctx.register_udaf(datafusion::logical_expr::AggregateUDF::from(
-            FitAggregate::new(name, model),
-        ));
+    for f in sql_functions() {
+        match f.role {
+            SqlRole::Fit(model) => ctx.register_udtf(
+                f.name,
+                Arc::new(FitTableFunction::new(f.name, model, designs.clone())),
+            ),
+            SqlRole::FitAggregate(model) => ctx.register_udaf(
+                datafusion::logical_expr::AggregateUDF::from(FitAggregate::new(f.name, model)),
+            ),
+            SqlRole::Study(design, part) => ctx.register_udtf(
+                f.name,
+                Arc::new(StudyTableFunction::new(f.name, design, part)),
+            ),
+            SqlRole::DesignMatrix => {
+                ctx.register_udtf(f.name, Arc::new(DesignMatrixFunction::new(designs.clone())))
+            }
+            SqlRole::Functions => ctx.register_udtf(f.name, Arc::new(crate::docs::FunctionsTable)),
+        }
     }
 }
 

@@ -67,12 +67,7 @@ impl Resampling {
     /// `Row` or `Stratum` for `kind`.
     pub fn resolve(self, kind: ModelKind) -> Resampling {
         match self {
-            Resampling::Auto => match kind {
-                ModelKind::ConditionalPoisson | ModelKind::ConditionalLogistic => {
-                    Resampling::Stratum
-                }
-                _ => Resampling::Row,
-            },
+            Resampling::Auto => kind.descriptor().resampling_unit,
             other => other,
         }
     }

@@ -50,6 +50,7 @@ pub mod fine_gray;
 pub mod glm;
 pub mod inference;
 pub mod prior;
+pub mod registry;
 pub mod risk_set;
 pub mod rng;
 pub mod sccs;
@@ -75,42 +76,39 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    /// Parse the names used by the CLI and the SQL options.
+    /// Parse the names used by the CLI, the SQL options and pipelines (canonical names and
+    /// aliases of [`registry::MODELS`]).
     pub fn parse(s: &str) -> Result<Self> {
-        Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
-            "sccs" | "cpr" | "conditional_poisson" => ModelKind::ConditionalPoisson,
-            "cox" | "cox_ph" | "coxph" => ModelKind::Cox,
-            "fine_gray" | "finegray" | "fgr" => ModelKind::FineGray,
-            "logistic" | "lr" => ModelKind::Logistic,
-            "poisson" | "pr" => ModelKind::Poisson,
-            "conditional_logistic" | "clr" => ModelKind::ConditionalLogistic,
-            other => {
-                return Err(Error::option(
-                    "model",
-                    format!(
-                        "unknown model `{other}`; expected one of sccs, cox, fine_gray, logistic, \
-                         poisson, conditional_logistic"
-                    ),
-                ))
-            }
+        registry::lookup(s).map(|d| d.kind).ok_or_else(|| {
+            Error::option(
+                "model",
+                format!(
+                    "unknown model `{}`; expected one of {}",
+                    s.to_ascii_lowercase().replace('-', "_"),
+                    registry::names()
+                ),
+            )
         })
+    }
+
+    /// The model's registry entry.
+    pub fn descriptor(self) -> &'static registry::ModelDescriptor {
+        registry::descriptor(self)
     }
 
     /// Canonical name.
     pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::ConditionalPoisson => "sccs",
-            ModelKind::Cox => "cox",
-            ModelKind::FineGray => "fine_gray",
-            ModelKind::Logistic => "logistic",
-            ModelKind::Poisson => "poisson",
-            ModelKind::ConditionalLogistic => "conditional_logistic",
-        }
+        self.descriptor().name
     }
 
     /// Whether the model gets an intercept column (logistic and Poisson regression).
     pub fn has_intercept(self) -> bool {
-        matches!(self, ModelKind::Logistic | ModelKind::Poisson)
+        self.descriptor().intercept
+    }
+
+    /// Whether rows need a `time` column.
+    pub fn needs_time(self) -> bool {
+        self.descriptor().needs_time
     }
 
     /// Model-specific row checks: time > 0 where required and the domain of y.
@@ -147,13 +145,7 @@ impl ModelKind {
                 ModelKind::ConditionalPoisson | ModelKind::Poisson => y >= 0.0 && y.fract() == 0.0,
             };
             if !ok {
-                let domain = match self {
-                    ModelKind::FineGray => "0 (censored), 1 (event) or 2 (competing event)",
-                    ModelKind::ConditionalPoisson | ModelKind::Poisson => {
-                        "a non-negative whole number of events"
-                    }
-                    _ => "0 or 1",
-                };
+                let domain = self.descriptor().y_domain;
                 return Err(bad(
                     i,
                     "y",
