@@ -60,6 +60,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// The fit was cancelled (its query was dropped or interrupted).
+    #[error("cancelled")]
+    Cancelled,
     /// The fit failed in a way that retries could not fix.
     #[error("fit failed: {0}")]
     FitFailed(String),

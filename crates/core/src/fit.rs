@@ -385,7 +385,7 @@ fn problem_of<'a>(design: &'a DesignMatrix, opts: &'a FitOptions) -> Problem<'a>
         kind: opts.model,
         lik: LikelihoodOptions { ties: opts.ties },
         exclude: &opts.exclude,
-        ccd: opts.ccd,
+        ccd: opts.ccd.clone(),
     }
 }
 
@@ -667,7 +667,7 @@ fn profile_target(
     }
     let mut own = priors.clone();
     own.per_coef[j] = Prior::None;
-    let mut tight = opts.ccd;
+    let mut tight = opts.ccd.clone();
     tight.tolerance = (opts.ccd.tolerance * 1e-3).max(1e-13);
     let r = ccd::fit(lik, &own, beta, None, &tight)?;
     if r.status == FitStatus::IllConditioned {

@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod bench;
 pub mod calibration;
+pub mod cancel;
 pub mod error;
 pub mod fit;
 pub mod model;

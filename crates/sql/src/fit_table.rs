@@ -51,6 +51,19 @@ pub fn to_df_error(e: epifusion_core::Error) -> DataFusionError {
     }
 }
 
+/// The one conversion of core results across the SQL boundary ([`to_df_error`]); the orphan
+/// rule forbids `From<epifusion_core::Error> for DataFusionError` in either crate.
+pub trait IntoDfResult<T> {
+    /// Convert the error: option mistakes are planning errors, the rest execution errors.
+    fn into_df(self) -> DfResult<T>;
+}
+
+impl<T> IntoDfResult<T> for epifusion_core::Result<T> {
+    fn into_df(self) -> DfResult<T> {
+        self.map_err(to_df_error)
+    }
+}
+
 /// A fitting table function for one model.
 #[derive(Debug)]
 pub struct FitTableFunction {
@@ -149,8 +162,8 @@ pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfRe
         );
     }
     let json = options.first().map_or("", |s| s.as_str());
-    let options = parse_fit_options(model, json).map_err(to_df_error)?;
-    let table = parse_result_table(&options, json).map_err(to_df_error)?;
+    let options = parse_fit_options(model, json).into_df()?;
+    let table = parse_result_table(&options, json).into_df()?;
     Ok(FitCall {
         outcomes: table_sql(tables[0]),
         covariates: tables.get(1).map(|s| table_sql(s)),
@@ -366,7 +379,7 @@ pub async fn run_blocking<T: Send + 'static>(
         .join()
         .await
         .map_err(|e| exec_datafusion_err!("{what} task failed: {e}"))?
-        .map_err(to_df_error)
+        .into_df()
 }
 
 /// Collect, build the design, fit (on a blocking thread) and return the result batch.
@@ -378,6 +391,12 @@ pub async fn fit_from_plans(
     context: Arc<TaskContext>,
 ) -> DfResult<RecordBatch> {
     let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
+    // Dropping this future (the query's stream: Ctrl-C, a client that goes away) cancels the
+    // fit running on the blocking thread.
+    let mut call = call;
+    let token = epifusion_core::cancel::CancelToken::new();
+    call.options.ccd.cancel = token.clone();
+    let _cancel_on_drop = token.cancel_on_drop();
     run_blocking("fit", move || {
         let read = ReadOptions {
             require_time: model.needs_time(),

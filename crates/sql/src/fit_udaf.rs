@@ -37,6 +37,7 @@ use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Signature, Volatility};
 use datafusion::physical_expr::expressions::Literal;
 
+use crate::fit_table::IntoDfResult;
 use crate::options::parse_fit_options;
 use epifusion_core::fit::{fit_owned, FitOptions};
 use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
@@ -165,10 +166,8 @@ impl AggregateUDFImpl for FitAggregate {
         } else {
             String::new()
         };
-        let options =
-            parse_fit_options(self.model, &options_json).map_err(crate::fit_table::to_df_error)?;
-        let table = crate::options::parse_result_table(&options, &options_json)
-            .map_err(crate::fit_table::to_df_error)?;
+        let options = parse_fit_options(self.model, &options_json).into_df()?;
+        let table = crate::options::parse_result_table(&options, &options_json).into_df()?;
         if table != crate::options::ResultTable::Coefficients {
             return plan_err!(
                 "{}: option `table` is not supported by the aggregates (they return the \

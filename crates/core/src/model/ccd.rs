@@ -87,7 +87,7 @@ impl Convergence {
 }
 
 /// CCD options; see the module docs for defaults and ranges.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CcdOptions {
     /// Stopping rule.
     pub convergence: Convergence,
@@ -101,6 +101,8 @@ pub struct CcdOptions {
     pub max_retries: usize,
     /// With a Laplace prior, cycle over the non-zero coefficients between full cycles.
     pub active_set: bool,
+    /// Checked once per cycle: a cancelled fit returns [`Error::Cancelled`].
+    pub cancel: crate::cancel::CancelToken,
 }
 
 impl Default for CcdOptions {
@@ -112,6 +114,7 @@ impl Default for CcdOptions {
             initial_bound: 2.0,
             max_retries: 5,
             active_set: true,
+            cancel: crate::cancel::CancelToken::default(),
         }
     }
 }
@@ -180,6 +183,7 @@ pub fn fit(
     let mut last = None;
     for _attempt in 0..=opts.max_retries {
         let r = attempt(lik, priors, beta0, fixed, opts, bound0, &mut updates);
+        opts.cancel.check()?;
         let ill = r.status == FitStatus::IllConditioned;
         last = Some(r);
         if !ill {
@@ -240,6 +244,9 @@ fn attempt(
     let mut full = true;
     let mut subset: Vec<usize> = Vec::new();
     while iterations < opts.max_iterations {
+        if opts.cancel.is_cancelled() {
+            break;
+        }
         iterations += 1;
         let coords: &[usize] = if full { &all } else { &subset };
         let mut max_violation = 0.0f64;

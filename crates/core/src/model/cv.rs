@@ -221,7 +221,7 @@ pub struct CvResult {
 /// The fitting problem shared by cross-validation and the bootstrap: a design (without the
 /// intercept column, which is added for the models that have one), the model and the
 /// optimizer options. `exclude` lists covariate ids never penalized (the intercept never is).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Problem<'a> {
     /// The data.
     pub design: &'a DesignMatrix,

@@ -341,7 +341,7 @@ pub fn profile_grid(
     let mut right: Vec<f64> = grid.iter().copied().filter(|&b| b > hat).collect();
     left.sort_by(|a, b| b.total_cmp(a));
     right.sort_by(f64::total_cmp);
-    let mut inner = *opts;
+    let mut inner = opts.clone();
     inner.tolerance = (opts.tolerance * 1e-3).max(1e-13);
     let mut fixed = vec![false; target.beta.len()];
     fixed[j] = true;
@@ -396,7 +396,7 @@ fn profile_bound(
     let beta_hat = optimum.beta;
     let objective_hat = optimum.objective;
     let threshold = objective_hat - profile_threshold(level);
-    let mut inner = *opts;
+    let mut inner = opts.clone();
     inner.tolerance = (opts.tolerance * 1e-3).max(1e-13);
     let mut fixed = vec![false; beta_hat.len()];
     fixed[j] = true;
