@@ -153,6 +153,55 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
                 SqlRole::Study(design, part) => {
                     m.insert(f.name, study_doc(f.name, design, part));
                 }
+                SqlRole::EmpiricalNull => {
+                    m.insert(
+                        f.name,
+                        Documentation::builder(
+                            SECTION,
+                            "Fits the empirical null N(mean, sd²) of negative-control estimates \
+                             (true RR = 1) by maximum likelihood with their own standard errors \
+                             (EmpiricalCalibration's fitNull), one per `group` value; returns \
+                             group, mean, sd, ease (expected absolute systematic error), n, \
+                             log_likelihood.",
+                            "empirical_null(negatives)",
+                        )
+                        .with_argument(
+                            "negatives",
+                            "Table name or read-only SQL query: log_rr, se_log_rr [, group]",
+                        )
+                        .with_sql_example(
+                            "SELECT * FROM empirical_null('SELECT log_rr, se_log_rr, analysis AS \"group\" FROM negative_controls');",
+                        )
+                        .build(),
+                    );
+                }
+                SqlRole::CalibrateEstimates => {
+                    m.insert(
+                        f.name,
+                        Documentation::builder(
+                            SECTION,
+                            "Calibrates estimates with the empirical null of negative controls \
+                             (EmpiricalCalibration's calibrateP and calibrateConfidenceInterval \
+                             through convertNullToErrorModel), matched by `group` when both \
+                             inputs have it; returns the estimates' rows and columns plus \
+                             calibrated_p (two-sided), calibrated_log_rr, calibrated_se_log_rr, \
+                             calibrated_ci_95_lb, calibrated_ci_95_ub (RR scale).",
+                            "calibrate_estimates(estimates, negatives)",
+                        )
+                        .with_argument(
+                            "estimates",
+                            "Table name or read-only SQL query: log_rr, se_log_rr [, group], any other columns",
+                        )
+                        .with_argument(
+                            "negatives",
+                            "Table name or read-only SQL query: log_rr, se_log_rr [, group]",
+                        )
+                        .with_sql_example(
+                            "SELECT exposure, calibrated_p, calibrated_ci_95_lb, calibrated_ci_95_ub FROM calibrate_estimates('estimates', 'negative_controls');",
+                        )
+                        .build(),
+                    );
+                }
                 SqlRole::DesignMatrix | SqlRole::Functions => {}
             }
         }

@@ -9,6 +9,7 @@
 //! * [`session`], [`fit_table`], [`fit_udaf`], [`omop`], [`store`], [`shell`]: SQL sessions, the fitting table
 //!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
+pub mod calibration;
 pub mod convert;
 pub mod design_table;
 pub mod docs;

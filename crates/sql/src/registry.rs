@@ -1,7 +1,7 @@
 //! The SQL function registry: every function epifusion registers, derived from the model
 //! registry ([`epifusion_core::model::registry::MODELS`]: a table function and a `GROUP BY`
 //! aggregate per model) and the study designs ([`crate::study::functions::STUDY_FUNCTIONS`]),
-//! plus `design_matrix` and `epifusion_functions`. Registration ([`crate::session::register_all`]),
+//! plus `design_matrix`, the calibration functions and `epifusion_functions`. Registration ([`crate::session::register_all`]),
 //! documentation ([`crate::docs`]) and the name list derive from [`sql_functions`].
 
 use epifusion_core::model::registry::MODELS;
@@ -20,6 +20,10 @@ pub enum SqlRole {
     Study(Design, Part),
     /// `design_matrix(…)`.
     DesignMatrix,
+    /// `empirical_null(negatives)`.
+    EmpiricalNull,
+    /// `calibrate_estimates(estimates, negatives)`.
+    CalibrateEstimates,
     /// `epifusion_functions()`.
     Functions,
 }
@@ -64,6 +68,14 @@ pub fn sql_functions() -> Vec<SqlFunction> {
                 role: SqlRole::DesignMatrix,
             },
             SqlFunction {
+                name: "empirical_null",
+                role: SqlRole::EmpiricalNull,
+            },
+            SqlFunction {
+                name: "calibrate_estimates",
+                role: SqlRole::CalibrateEstimates,
+            },
+            SqlFunction {
                 name: "epifusion_functions",
                 role: SqlRole::Functions,
             },
@@ -92,6 +104,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 2 * MODELS.len() + STUDY_FUNCTIONS.len() + 2);
+        assert_eq!(n, 2 * MODELS.len() + STUDY_FUNCTIONS.len() + 4);
     }
 }

@@ -50,6 +50,13 @@ pub fn register_all(ctx: &SessionContext) {
             SqlRole::DesignMatrix => {
                 ctx.register_udtf(f.name, Arc::new(DesignMatrixFunction::new(designs.clone())))
             }
+            SqlRole::EmpiricalNull => {
+                ctx.register_udtf(f.name, Arc::new(crate::calibration::EmpiricalNullFunction))
+            }
+            SqlRole::CalibrateEstimates => ctx.register_udtf(
+                f.name,
+                Arc::new(crate::calibration::CalibrateEstimatesFunction),
+            ),
             SqlRole::Functions => ctx.register_udtf(f.name, Arc::new(crate::docs::FunctionsTable)),
         }
     }
