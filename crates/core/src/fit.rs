@@ -31,7 +31,7 @@
 //! | `ties` | Breslow | Cox / Fine–Gray ties |
 //! | `prior` | none | [`Prior`]: none, Laplace(λ) or Normal(σ²) |
 //! | `exclude` | [] | covariate ids never penalized (the intercept never is) |
-//! | `ccd` | see [`CcdOptions`] | tolerance 1e-6, max_iterations 1000 |
+//! | `ccd` | [`CcdOptions::fit_default`] | convergence `optimality` (Newton–Raphson on the unpenalized coefficients, KKT conditions on the penalized ones; [`crate::model::ccd`]), tolerance 1e-6, max_iterations 1000 |
 //! | `ci` | profile | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
 //! | `cv` | none | [`CvOptions`]: choose the prior variance by cross-validation ([`crate::model::cv`]) |
 //! | `bootstrap` | none | [`BootstrapOptions`] ([`crate::model::bootstrap`]); `ci = bootstrap` implies the defaults |
@@ -46,7 +46,7 @@ use std::time::Instant;
 use crate::backend::{Device, Precision, Resolved};
 use crate::error::{Error, Result};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
-use crate::model::ccd::{self, CcdOptions, FitStatus};
+use crate::model::ccd::{self, CcdOptions, Convergence, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
@@ -157,14 +157,15 @@ pub struct FitOptions {
 }
 
 impl FitOptions {
-    /// Defaults for `model`: no prior, Breslow ties, profile CIs at 95%.
+    /// Defaults for `model`: no prior, Breslow ties, profile CIs at 95%, the optimality
+    /// convergence rule ([`CcdOptions::fit_default`]).
     pub fn new(model: ModelKind) -> Self {
         FitOptions {
             model,
             ties: Ties::Breslow,
             prior: Prior::None,
             exclude: Vec::new(),
-            ccd: CcdOptions::default(),
+            ccd: CcdOptions::fit_default(),
             ci: CiMethod::Profile,
             ci_level: 0.95,
             threads: None,
@@ -248,7 +249,9 @@ pub struct FitResult {
     pub log_likelihood: f64,
     /// Log prior (without normalizing constants).
     pub log_prior: f64,
-    /// Full CCD cycles.
+    /// Solver iterations: Newton iterations of a classical fit; full CCD cycles (each followed
+    /// by one Newton iteration on the unpenalized block, if any) of a penalized one (see
+    /// [`crate::model::ccd`]). On the GPU: the device's cycles plus the host's iterations.
     pub iterations: usize,
     /// Status.
     pub status: FitStatus,
@@ -507,21 +510,36 @@ fn fit_shape(
     let r = match gpu {
         // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
         Some(design) => {
+            // The device runs coordinate descent alone. Under the optimality rule it stops at
+            // the classic objective rule and the host finishes ([`gpu_then_host`]).
+            let optimality = opts.ccd.convergence == Convergence::Optimality;
+            let device_opts = if optimality {
+                CcdOptions {
+                    convergence: Convergence::Objective,
+                    ..opts.ccd
+                }
+            } else {
+                opts.ccd
+            };
             let (r, stats) = crate::backend::gpu_fit(
                 opts.model,
                 opts.ties,
                 design,
                 priors,
-                &opts.ccd,
+                &device_opts,
                 opts.precision,
             )?;
-            lik.set_beta(if r.status == FitStatus::IllConditioned {
-                &beta0
-            } else {
-                &r.beta
-            });
             gpu_stats = Some(stats);
-            r
+            if optimality && r.status != FitStatus::IllConditioned {
+                gpu_then_host(lik, priors, r, &opts.ccd)?
+            } else {
+                lik.set_beta(if r.status == FitStatus::IllConditioned {
+                    &beta0
+                } else {
+                    &r.beta
+                });
+                r
+            }
         }
         None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
     };
@@ -637,6 +655,29 @@ fn fit_shape(
         bootstrap: None,
         profiles,
     })
+}
+
+/// Finish a GPU fit on the host: [`ccd::fit`] under the optimality rule (the Newton block on the
+/// unpenalized coefficients, the KKT check on the others), warm-started from the device's β.
+/// Iterations, updates, seconds and the objective trace are those of both runs together.
+fn gpu_then_host(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    device: ccd::CcdResult,
+    opts: &CcdOptions,
+) -> Result<ccd::CcdResult> {
+    let mut host = ccd::fit(lik, priors, &device.beta, None, opts)?;
+    if host.status == FitStatus::IllConditioned {
+        lik.set_beta(&device.beta);
+        return Ok(device);
+    }
+    let mut trace = device.objective_trace;
+    trace.append(&mut host.objective_trace);
+    host.objective_trace = trace;
+    host.iterations += device.iterations;
+    host.coordinate_updates += device.coordinate_updates;
+    host.seconds += device.seconds;
+    Ok(host)
 }
 
 /// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the

@@ -69,9 +69,9 @@ pub const FIT_OPTIONS: &[OptionDoc] = &[
     doc("lambda", "number", "–", "Laplace λ (objective LL − λΣ\\|β\\|, not scaled by n), or the ridge λ (σ² = 1/λ)"),
     doc("exclude", "array of ints", "`[]`", "covariate ids never penalized (the intercept never is)"),
     doc("ties", "string", "`breslow`", "`breslow` or `efron` (Cox, Fine–Gray)"),
-    doc("convergence", "string", "`objective`", "`objective` (relative change of the objective after a cycle) or `gradient` (largest KKT violation in a cycle)"),
+    doc("convergence", "string", "`optimality`", "`optimality`: unpenalized coefficients solved by Newton–Raphson on the exact information (step-halving) until the Newton decrement √(gᵀI⁻¹g) ≤ `tolerance`, penalized ones by CCD until the KKT conditions hold at the returned β to `tolerance` (\\|g\\| ≤ λ(1 + tol) at 0, \\|g − λ sign β\\| ≤ tol·max(1, λ) elsewhere); `objective`: relative change of the objective after a CCD cycle (Cyclops' `lange` type; stops early); `gradient`: largest KKT violation in a CCD cycle"),
     doc("tolerance", "number", "`1e-6`", "threshold of the convergence rule"),
-    doc("max_iterations", "int", "`1000`", "full CCD cycles"),
+    doc("max_iterations", "int", "`1000`", "solver iterations: Newton iterations of a classical fit, CCD cycles (each with one Newton step on the unpenalized coefficients) of a penalized one"),
     doc("ci", "string", "`profile`", "`profile`, `wald`, `bootstrap` (percentile intervals of every coefficient) or `none`"),
     doc("ci_level", "number", "`0.95`", "interval level, in (0, 1)"),
     doc("device", "string", "`auto`", "`auto`, `cpu` or `cuda` (`auto` uses the CPU until the CUDA kernels are verified on a GPU; `cuda` without a usable GPU is an error)"),
@@ -572,6 +572,8 @@ mod tests {
         assert_eq!(o.ties, d.ties);
         assert_eq!(o.ci, d.ci);
         assert_eq!(o.ccd.tolerance, d.ccd.tolerance);
+        assert_eq!(o.ccd.convergence, Convergence::Optimality);
+        assert_eq!(d.ccd.convergence, Convergence::Optimality);
         assert_eq!(o.ccd.max_iterations, d.ccd.max_iterations);
         assert!(o.cv.is_none() && o.bootstrap.is_none());
     }

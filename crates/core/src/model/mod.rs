@@ -49,6 +49,7 @@ pub mod design;
 pub mod fine_gray;
 pub mod glm;
 pub mod inference;
+pub(crate) mod newton;
 pub mod prior;
 pub mod risk_set;
 pub mod rng;
