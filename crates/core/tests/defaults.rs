@@ -1116,3 +1116,264 @@ fn profile_bounds_at_default_options() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Robust variances (issue #13 item 2).
+
+/// Assert `got` matches the reference as printed (the README's tolerance rule).
+#[track_caller]
+fn assert_ref(what: &str, got: Option<f64>, expected: &str) {
+    let got = got.unwrap_or_else(|| panic!("{what}: not computed"));
+    println!("{what}: {got:.9} vs {expected}");
+    let v: f64 = expected.parse().unwrap();
+    assert!(
+        (got - v).abs() <= tolerance(expected),
+        "{what}: got {got:.10}, reference {expected} (|diff| {:.2e})",
+        (got - v).abs()
+    );
+}
+
+/// Fine–Gray at default options reports crr's robust standard errors (Fine & Gray 1999 with
+/// the censoring-weight term) and Wald intervals on them; the model-based ones stay available.
+#[test]
+fn fine_gray_default_standard_errors_are_crr() {
+    let r = fit(
+        &cmprsk_testdata().design(),
+        &FitOptions::new(ModelKind::FineGray),
+    )
+    .unwrap();
+    let z = 1.959963984540054;
+    for (c, se) in r
+        .coefficients
+        .iter()
+        .zip(["0.369801", "0.356555", "0.354433"])
+    {
+        assert_ref(&format!("crr se {}", c.name), c.std_error, se);
+        assert_eq!(c.std_error, c.std_error_robust);
+        let model = c.std_error_model.unwrap();
+        assert!(
+            (model - c.std_error.unwrap()).abs() > 1e-3,
+            "model-based differs"
+        );
+        let s = c.std_error.unwrap();
+        assert!((c.ci_lower.unwrap() - (c.estimate - z * s)).abs() < 1e-12);
+        assert!((c.ci_upper.unwrap() - (c.estimate + z * s)).abs() < 1e-12);
+    }
+    // mgus2 PCM ~ sex with crr's censoring weights (survfit ties), Breslow: crr's se 0.18578.
+    let pcm = mgus2(1);
+    let mut opts = FitOptions::new(ModelKind::FineGray);
+    opts.ties = Ties::Breslow;
+    let r = fit(
+        &mgus2_design(&pcm, &[&pcm.sex_m], Convention::Crr).design(),
+        &opts,
+    )
+    .unwrap();
+    assert_ref("crr PCM ~ sex se", r.coefficients[0].std_error, "0.18578");
+    // `se: model` gives the information-based one and the profile default is not used.
+    opts.se = epifusion_core::fit::SeMethod::Model;
+    let m = fit(
+        &mgus2_design(&pcm, &[&pcm.sex_m], Convention::Crr).design(),
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(
+        m.coefficients[0].std_error,
+        m.coefficients[0].std_error_model
+    );
+    assert_eq!(m.coefficients[0].std_error_robust, None);
+}
+
+/// Without the censoring term the Fine–Gray sandwich is what `coxph` reports on `finegray()`
+/// data with `cluster(id)` (Efron, finegray's censoring weights): robust se 0.1857741 (PCM)
+/// and 0.06828157 (death) on sex.
+#[test]
+fn fine_gray_sandwich_without_censoring_term_is_coxph_on_finegray_data() {
+    for (cause, beta_ref, robust_ref) in [
+        (1, "-0.2290475", "0.1857741"),
+        (2, "0.2334857", "0.06828157"),
+    ] {
+        let m = mgus2(cause);
+        let x = mgus2_design(&m, &[&m.sex_m], Convention::FineGray).design();
+        let mut opts = FitOptions::new(ModelKind::FineGray);
+        opts.ties = Ties::Efron;
+        let r = fit(&x, &opts).unwrap();
+        let beta = [r.coefficients[0].estimate];
+        assert_ref("β", Some(beta[0]), beta_ref);
+        let mut lik = cpu_likelihood(
+            ModelKind::FineGray,
+            &x,
+            LikelihoodOptions { ties: Ties::Efron },
+        )
+        .unwrap();
+        lik.set_beta(&beta);
+        let info = lik.information(&[0]);
+        let v = epifusion_core::model::robust::covariance(
+            ModelKind::FineGray,
+            Ties::Efron,
+            &x,
+            false,
+            &beta,
+            &[0],
+            &info,
+            false,
+        )
+        .unwrap();
+        assert_ref(
+            "coxph robust se on finegray data",
+            Some(v[0].sqrt()),
+            robust_ref,
+        );
+    }
+}
+
+/// Cox robust (Lin–Wei, `coxph(robust = TRUE)` with `cluster(id)`) on survival's `finegray()`
+/// expansion of mgus2 built here: (start, stop] rows, case weights G(t−)/G(T−) on the rows of
+/// a competing subject after its event, clusters = subjects, Efron. coxph on these data gives
+/// β −0.2290475, se 0.186573, robust se 0.1857741 (PCM); 0.2334857, 0.06893891, 0.06828157
+/// (death) — tests/golden/README.md.
+#[test]
+fn cox_robust_with_clusters_on_finegray_expanded_data() {
+    for (cause, refs) in [
+        (1, ["-0.2290475", "0.186573", "0.1857741"]),
+        (2, ["0.2334857", "0.06893891", "0.06828157"]),
+    ] {
+        let m = mgus2(cause);
+        let x = finegray_expand(&m);
+        let mut opts = FitOptions::new(ModelKind::Cox);
+        opts.ties = Ties::Efron;
+        opts.se = epifusion_core::fit::SeMethod::Robust;
+        let r = fit(&x, &opts).unwrap();
+        let c = &r.coefficients[0];
+        assert_ref("β", Some(c.estimate), refs[0]);
+        assert_ref("model se", c.std_error_model, refs[1]);
+        assert_ref("robust se", c.std_error_robust, refs[2]);
+        assert_eq!(c.std_error, c.std_error_robust);
+        // Without the clusters each row is its own cluster: a different (wrong) variance.
+        let mut rows_only = x.clone();
+        rows_only.rows.cluster = None;
+        let r = fit(&rows_only, &opts).unwrap();
+        let s = r.coefficients[0].std_error_robust.unwrap();
+        assert!((s - refs[2].parse::<f64>().unwrap()).abs() > 1e-4, "{s}");
+    }
+}
+
+/// survival's `finegray()` data for `m` (event of interest y = 1, competing y = 2) with sexM:
+/// one (0, T] row per subject; a competing subject also gets rows (a, b] between consecutive
+/// censoring times after T (up to the last event time) with weight G(b−)/G(T−), G the
+/// Kaplan–Meier censoring survival with censorings after failures at tied times.
+fn finegray_expand(m: &Mgus2) -> DesignMatrix {
+    let n = m.time.len();
+    let mut ctimes: Vec<f64> = (0..n)
+        .filter(|&i| m.y[i] == 0.0)
+        .map(|i| m.time[i])
+        .collect();
+    ctimes.sort_by(f64::total_cmp);
+    ctimes.dedup();
+    // G(t−) = Π_{c < t} (1 − d_c / (#{T > c} + d_c)).
+    let factors: Vec<(f64, f64)> = ctimes
+        .iter()
+        .map(|&c| {
+            let d = (0..n).filter(|&i| m.y[i] == 0.0 && m.time[i] == c).count() as f64;
+            let later = (0..n).filter(|&i| m.time[i] > c).count() as f64;
+            (c, 1.0 - d / (later + d))
+        })
+        .collect();
+    let g_minus = |t: f64| -> f64 {
+        factors
+            .iter()
+            .take_while(|(c, _)| *c < t)
+            .map(|(_, f)| f)
+            .product()
+    };
+    let last_event = (0..n)
+        .filter(|&i| m.y[i] == 1.0)
+        .map(|i| m.time[i])
+        .fold(0.0, f64::max);
+    let mut b = DesignBuilder::new();
+    let mut clusters = Vec::new();
+    let mut row = 0i64;
+    let mut push = |b: &mut DesignBuilder, start: f64, stop: f64, y: f64, w: f64, i: usize| {
+        row += 1;
+        b.push_outcome(OutcomeRecord {
+            row_id: row,
+            time: Some(stop),
+            start_time: Some(start),
+            y,
+            weight: Some(w),
+            ..Default::default()
+        });
+        b.push_covariate(row, 1, m.sex_m[i].unwrap());
+        clusters.push(i as i64);
+    };
+    for i in 0..n {
+        let t = m.time[i];
+        let y = if m.y[i] == 1.0 { 1.0 } else { 0.0 };
+        push(&mut b, 0.0, t, y, 1.0, i);
+        if m.y[i] == 2.0 && t < last_event {
+            let g_t = g_minus(t);
+            let mut ends: Vec<f64> = ctimes
+                .iter()
+                .copied()
+                .filter(|&c| c > t && c < last_event)
+                .collect();
+            ends.push(last_event);
+            let mut a = t;
+            for &e in &ends {
+                push(&mut b, a, e, 0.0, g_minus(e) / g_t, i);
+                a = e;
+            }
+        }
+    }
+    let mut x = b.build().unwrap();
+    x.set_clusters(clusters).unwrap();
+    x
+}
+
+/// Logistic regression with `se: robust`: HC0, V⁻¹(Σ w²(y − p)² x xᵀ)V⁻¹ with V = Σ w p(1 − p) x xᵀ,
+/// computed here by brute force on the dense design (intercept included).
+#[test]
+fn logistic_robust_is_hc0() {
+    let x = rossi().design();
+    let mut opts = FitOptions::new(ModelKind::Logistic);
+    opts.se = epifusion_core::fit::SeMethod::Robust;
+    opts.ci = epifusion_core::fit::CiMethod::Wald;
+    let r = fit(&x, &opts).unwrap();
+    let beta: Vec<f64> = r.coefficients.iter().map(|c| c.estimate).collect();
+    let n = x.n_rows();
+    let p = beta.len();
+    let dense: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(n)).collect();
+    let row = |i: usize| -> Vec<f64> {
+        std::iter::once(1.0)
+            .chain(dense.iter().map(|c| c[i]))
+            .collect()
+    };
+    let (mut v, mut meat) = (vec![0.0; p * p], vec![0.0; p * p]);
+    for i in 0..n {
+        let xi = row(i);
+        let eta: f64 = xi.iter().zip(&beta).map(|(a, b)| a * b).sum();
+        let pr = 1.0 / (1.0 + (-eta).exp());
+        let res = x.rows.y[i] - pr;
+        for a in 0..p {
+            for b in 0..p {
+                v[a * p + b] += pr * (1.0 - pr) * xi[a] * xi[b];
+                meat[a * p + b] += res * res * xi[a] * xi[b];
+            }
+        }
+    }
+    let inv = invert_spd(&v, p).unwrap();
+    for (a, c) in r.coefficients.iter().enumerate() {
+        let var: f64 = (0..p)
+            .flat_map(|b| (0..p).map(move |d| (b, d)))
+            .map(|(b, d)| inv[a * p + b] * meat[b * p + d] * inv[d * p + a])
+            .sum();
+        let got = c.std_error.unwrap();
+        assert!(
+            (got - var.sqrt()).abs() < 1e-9 * var.sqrt(),
+            "{}: {got} vs {}",
+            c.name,
+            var.sqrt()
+        );
+        assert_eq!(c.std_error, c.std_error_robust);
+        assert!(c.std_error_model.is_some());
+    }
+}

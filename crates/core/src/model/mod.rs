@@ -53,6 +53,7 @@ pub(crate) mod newton;
 pub mod prior;
 pub mod risk_set;
 pub mod rng;
+pub mod robust;
 pub mod sccs;
 
 use crate::error::{Error, Result};
