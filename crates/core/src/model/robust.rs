@@ -369,7 +369,7 @@ fn survival(
                     res += x_i - xbar_d[ev * k + a];
                     res += e[i] * (x_i * (h[ev] - hd[ev]) - (hx[ev * k + a] - hxd[ev * k + a]));
                 }
-                if fg.is_some() && r.y[i] == 2.0 {
+                if fg.is_some() && r.y[i] == 2.0 && hi < m {
                     let gz = gh[hi * (k + 1)];
                     let gzx = gh[hi * (k + 1) + 1 + a];
                     res -= e[i] / g_of(i) * (x_i * gz - gzx);
@@ -403,7 +403,13 @@ fn survival(
         sorted_t.sort_by(f64::total_cmp);
         let total = sorted_t.len();
         // q(u) and the increments d_c q / Y²; competing rows with T < u enter in time order.
-        let mut competing: Vec<usize> = rows.iter().copied().filter(|&j| r.y[j] == 2.0).collect();
+        // (A competing row with no event time after it weighs nothing — and its G(T−) may be
+        // 0.)
+        let mut competing: Vec<usize> = rows
+            .iter()
+            .copied()
+            .filter(|&j| r.y[j] == 2.0 && hi_of(j) < m)
+            .collect();
         competing.sort_by(|&p, &q| r.time[p].total_cmp(&r.time[q]));
         let mut next = 0;
         let (mut b0, mut b1) = (0.0, vec![0.0; k]);
