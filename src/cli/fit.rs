@@ -33,14 +33,16 @@ pub(crate) struct FitArgs {
     /// Ties for cox / fine_gray: breslow or efron [breslow].
     #[arg(long)]
     pub(crate) ties: Option<String>,
-    /// Stopping rule: objective (relative change of the objective after a cycle) or gradient
-    /// (largest KKT violation in the cycle) [objective].
+    /// Stopping rule: optimality (Newton–Raphson on the unpenalized coefficients until the
+    /// Newton decrement ≤ tolerance, KKT conditions of the penalized ones at the returned β),
+    /// objective (relative change of the objective after a CCD cycle; Cyclops' `lange` type)
+    /// or gradient (largest KKT violation in a CCD cycle) [optimality].
     #[arg(long)]
     pub(crate) convergence: Option<String>,
     /// Convergence tolerance of the stopping rule [1e-6].
     #[arg(long)]
     pub(crate) tolerance: Option<f64>,
-    /// Maximum number of CCD cycles [1000].
+    /// Maximum number of solver iterations (Newton iterations / CCD cycles) [1000].
     #[arg(long)]
     pub(crate) max_iterations: Option<usize>,
     /// Confidence intervals: profile, wald, bootstrap or none [profile].

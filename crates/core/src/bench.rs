@@ -119,6 +119,7 @@ fn unstratified_rows(time: Vec<f64>, y: Vec<f64>) -> Rows {
         weight: None,
         offset: None,
         censor_weight: None,
+        cluster: None,
     }
 }
 
@@ -326,6 +327,7 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
         weight: None,
         offset: None,
         censor_weight: None,
+        cluster: None,
     };
     let columns = columns
         .into_iter()

@@ -31,8 +31,9 @@
 //! | `ties` | Breslow | Cox / Fine–Gray ties |
 //! | `prior` | none | [`Prior`]: none, Laplace(λ) or Normal(σ²) |
 //! | `exclude` | [] | covariate ids never penalized (the intercept never is) |
-//! | `ccd` | see [`CcdOptions`] | tolerance 1e-6, max_iterations 1000 |
-//! | `ci` | profile | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
+//! | `ccd` | [`CcdOptions::fit_default`] | convergence `optimality` (Newton–Raphson on the unpenalized coefficients, KKT conditions on the penalized ones; [`crate::model::ccd`]), tolerance 1e-6, max_iterations 1000 |
+//! | `se` | robust for Fine–Gray, model otherwise | [`SeMethod`]: the standard error reported as `std_error` and used by Wald intervals: observed information, or the robust sandwich of [`crate::model::robust`] (Fine & Gray's with `crr`'s censoring term; Lin–Wei for Cox; clusters from [`crate::model::design::Rows::cluster`]) |
+//! | `ci` | profile (Wald for Fine–Gray) | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
 //! | `cv` | none | [`CvOptions`]: choose the prior variance by cross-validation ([`crate::model::cv`]) |
 //! | `bootstrap` | none | [`BootstrapOptions`] ([`crate::model::bootstrap`]); `ci = bootstrap` implies the defaults |
 //! | `profile` | none | [`ProfileOptions`]: profile intervals of chosen (also penalized) coefficients and likelihood profiles on a grid |
@@ -46,7 +47,7 @@ use std::time::Instant;
 use crate::backend::{Device, Precision, Resolved};
 use crate::error::{Error, Result};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
-use crate::model::ccd::{self, CcdOptions, FitStatus};
+use crate::model::ccd::{self, CcdOptions, Convergence, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
@@ -80,6 +81,54 @@ impl CiMethod {
                 "ci",
                 format!("unknown `{other}`; expected profile, wald, bootstrap or none"),
             )),
+        }
+    }
+}
+
+/// Which standard error a fit reports as [`Coefficient::std_error`] and uses for Wald
+/// intervals. Both are over the unpenalized coefficients, the penalized ones held at their
+/// estimates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeMethod {
+    /// From the observed information (−Hessian of the log-likelihood): the default except for
+    /// Fine–Gray.
+    #[default]
+    Model,
+    /// The robust sandwich V⁻¹(Σ_c u_c u_cᵀ)V⁻¹ of [`crate::model::robust`]: for Fine–Gray
+    /// (its default) Fine & Gray's variance as `cmprsk::crr` computes it, censoring-weight term
+    /// included; for Cox Lin & Wei's (`coxph(robust = TRUE)`, clusters as `cluster()`);
+    /// HC0 for logistic and Poisson; by stratum for SCCS and conditional logistic regression.
+    Robust,
+}
+
+impl SeMethod {
+    /// Parse `model` or `robust`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "model" | "information" => Ok(SeMethod::Model),
+            "robust" | "sandwich" => Ok(SeMethod::Robust),
+            other => Err(Error::option(
+                "se",
+                format!("unknown `{other}`; expected model or robust"),
+            )),
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SeMethod::Model => "model",
+            SeMethod::Robust => "robust",
+        }
+    }
+
+    /// The default for `model`: robust for Fine–Gray (a weighted pseudo-likelihood, whose
+    /// information-based variance is not valid), model-based otherwise.
+    pub fn default_for(model: ModelKind) -> Self {
+        if model == ModelKind::FineGray {
+            SeMethod::Robust
+        } else {
+            SeMethod::Model
         }
     }
 }
@@ -138,6 +187,8 @@ pub struct FitOptions {
     pub exclude: Vec<i64>,
     /// Optimizer options.
     pub ccd: CcdOptions,
+    /// Standard error reported and used by Wald intervals.
+    pub se: SeMethod,
     /// Interval method.
     pub ci: CiMethod,
     /// Interval level.
@@ -157,15 +208,25 @@ pub struct FitOptions {
 }
 
 impl FitOptions {
-    /// Defaults for `model`: no prior, Breslow ties, profile CIs at 95%.
+    /// Defaults for `model`: no prior, Breslow ties, the optimality convergence rule
+    /// ([`CcdOptions::fit_default`]), 95% intervals: profile-likelihood intervals and
+    /// model-based standard errors, except for Fine–Gray: robust standard errors and Wald
+    /// intervals on them (as `cmprsk::crr`; a profile of its weighted pseudo-likelihood is not
+    /// a valid interval).
     pub fn new(model: ModelKind) -> Self {
+        let se = SeMethod::default_for(model);
         FitOptions {
             model,
             ties: Ties::Breslow,
             prior: Prior::None,
             exclude: Vec::new(),
-            ccd: CcdOptions::default(),
-            ci: CiMethod::Profile,
+            ccd: CcdOptions::fit_default(),
+            se,
+            ci: if se == SeMethod::Robust {
+                CiMethod::Wald
+            } else {
+                CiMethod::Profile
+            },
             ci_level: 0.95,
             threads: None,
             device: Device::Auto,
@@ -227,8 +288,13 @@ pub struct Coefficient {
     pub name: String,
     /// Estimate β̂.
     pub estimate: f64,
-    /// Standard error (unpenalized coefficients only).
+    /// Standard error (unpenalized coefficients only): the one of [`FitOptions::se`], which Wald
+    /// intervals use.
     pub std_error: Option<f64>,
+    /// Model-based standard error (observed information), when computed.
+    pub std_error_model: Option<f64>,
+    /// Robust (sandwich) standard error, when computed (`se = robust`).
+    pub std_error_robust: Option<f64>,
     /// Lower confidence bound (unpenalized coefficients only; missing if unbounded).
     pub ci_lower: Option<f64>,
     /// Upper confidence bound.
@@ -248,7 +314,9 @@ pub struct FitResult {
     pub log_likelihood: f64,
     /// Log prior (without normalizing constants).
     pub log_prior: f64,
-    /// Full CCD cycles.
+    /// Solver iterations: Newton iterations of a classical fit; full CCD cycles (each followed
+    /// by one Newton iteration on the unpenalized block, if any) of a penalized one (see
+    /// [`crate::model::ccd`]). On the GPU: the device's cycles plus the host's iterations.
     pub iterations: usize,
     /// Status.
     pub status: FitStatus,
@@ -326,8 +394,15 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        let gpu = device.gpu.then_some(design);
-        let mut r = finish(lik.as_mut(), &shape, opts, prior, started, device, gpu)?;
+        let mut r = finish(
+            lik.as_mut(),
+            &shape,
+            opts,
+            prior,
+            started,
+            device,
+            Some(design),
+        )?;
         r.cv = cv;
         drop(lik);
         bootstrap_into(&mut r, &problem, opts)?;
@@ -338,10 +413,11 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
 
 /// [`fit`] consuming the design matrix: the likelihood drops each column as soon as it has its
 /// own copy, and the row data once it is built, so peak memory stays near one copy of the
-/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation and the
-/// bootstrap need the design beside the likelihood, so with either this is [`fit`].
+/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation, the bootstrap
+/// and robust standard errors (Fine–Gray's default) need the design beside the likelihood, so
+/// with any of them this is [`fit`].
 pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
-    if opts.cv.is_some() || wants_bootstrap(opts) {
+    if opts.cv.is_some() || wants_bootstrap(opts) || wants_robust(opts) {
         return fit(&design, opts);
     }
     opts.check()?;
@@ -373,6 +449,10 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             None,
         )
     })
+}
+
+fn wants_robust(opts: &FitOptions) -> bool {
+    opts.se == SeMethod::Robust && opts.ci != CiMethod::None
 }
 
 fn wants_bootstrap(opts: &FitOptions) -> bool {
@@ -470,15 +550,16 @@ fn finish(
     prior: Prior,
     started: Instant,
     device: Resolved,
-    gpu: Option<&DesignMatrix>,
+    design: Option<&DesignMatrix>,
 ) -> Result<FitResult> {
+    let gpu = device.gpu;
     let excluded: Vec<bool> = shape
         .labels
         .iter()
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
     let priors = PriorSet::new(prior, &excluded);
-    let mut r = fit_shape(lik, shape, &priors, opts, started, gpu)?;
+    let mut r = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
     r.device = device.name;
     r.notes.extend(device.note.iter().cloned());
     r.device_note = device.note;
@@ -494,7 +575,7 @@ pub fn fit_likelihood(
     opts: &FitOptions,
     started: Instant,
 ) -> Result<FitResult> {
-    fit_shape(lik, &Shape::of(x), priors, opts, started, None)
+    fit_shape(lik, &Shape::of(x), priors, opts, started, Some(x), false)
 }
 
 fn fit_shape(
@@ -503,52 +584,98 @@ fn fit_shape(
     priors: &PriorSet,
     opts: &FitOptions,
     started: Instant,
-    gpu: Option<&DesignMatrix>,
+    design: Option<&DesignMatrix>,
+    gpu: bool,
 ) -> Result<FitResult> {
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
     let mut gpu_stats = None;
-    let r = match gpu {
+    let r = match design.filter(|_| gpu) {
         // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
         Some(design) => {
+            // The device runs coordinate descent alone. Under the optimality rule it stops at
+            // the classic objective rule and the host finishes ([`gpu_then_host`]).
+            let optimality = opts.ccd.convergence == Convergence::Optimality;
+            let device_opts = if optimality {
+                CcdOptions {
+                    convergence: Convergence::Objective,
+                    ..opts.ccd.clone()
+                }
+            } else {
+                opts.ccd.clone()
+            };
             let (r, stats) = crate::backend::gpu_fit(
                 opts.model,
                 opts.ties,
                 design,
                 priors,
-                &opts.ccd,
+                &device_opts,
                 opts.precision,
             )?;
-            lik.set_beta(if r.status == FitStatus::IllConditioned {
-                &beta0
-            } else {
-                &r.beta
-            });
             gpu_stats = Some(stats);
-            r
+            if optimality && r.status != FitStatus::IllConditioned {
+                gpu_then_host(lik, priors, r, &opts.ccd)?
+            } else {
+                lik.set_beta(if r.status == FitStatus::IllConditioned {
+                    &beta0
+                } else {
+                    &r.beta
+                });
+                r
+            }
         }
         None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
     };
     let fit_seconds = r.seconds;
     let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
-    let mut se = vec![None; p];
+    let mut se_model = vec![None; p];
+    let mut se_robust = vec![None; p];
     let mut lower = vec![None; p];
     let mut upper = vec![None; p];
     let mut profiles = Vec::new();
     let ok = r.status != FitStatus::IllConditioned;
     if ok && opts.ci != CiMethod::None && !unpenalized.is_empty() {
         lik.set_beta(&r.beta);
-        let s = inference::standard_errors(lik, &unpenalized);
-        for (k, &j) in unpenalized.iter().enumerate() {
-            se[j] = s[k];
+        let k = unpenalized.len();
+        let info = lik.information(&unpenalized);
+        if let Some(inv) = inference::invert_spd(&info, k) {
+            for (a, &j) in unpenalized.iter().enumerate() {
+                se_model[j] = Some(inv[a * k + a].sqrt());
+            }
         }
-        if opts.ci == CiMethod::Wald {
-            let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
-            for &j in &unpenalized {
-                if let Some(s) = se[j] {
-                    lower[j] = Some(r.beta[j] - z * s);
-                    upper[j] = Some(r.beta[j] + z * s);
+        if opts.se == SeMethod::Robust {
+            let design = design.ok_or_else(|| {
+                Error::FitFailed("internal: robust standard errors need the design".into())
+            })?;
+            // The fit's columns are the design's, or an intercept and the design's.
+            let prepended = p == design.n_cols() + 1;
+            if let Some(v) = crate::model::robust::covariance(
+                opts.model,
+                opts.ties,
+                design,
+                prepended,
+                &r.beta,
+                &unpenalized,
+                &info,
+                true,
+            ) {
+                for (a, &j) in unpenalized.iter().enumerate() {
+                    let var = v[a * k + a];
+                    se_robust[j] = (var.is_finite() && var >= 0.0).then(|| var.sqrt());
                 }
+            }
+        }
+    }
+    let se = match opts.se {
+        SeMethod::Model => se_model.clone(),
+        SeMethod::Robust => se_robust.clone(),
+    };
+    if ok && opts.ci == CiMethod::Wald {
+        let z = inference::normal_quantile(1.0 - (1.0 - opts.ci_level) / 2.0);
+        for &j in &unpenalized {
+            if let Some(s) = se[j] {
+                lower[j] = Some(r.beta[j] - z * s);
+                upper[j] = Some(r.beta[j] + z * s);
             }
         }
     }
@@ -580,7 +707,13 @@ fn fit_shape(
         let mut targets = Vec::with_capacity(js.len());
         for &j in &js {
             targets.push(profile_target(
-                lik, priors, &r.beta, objective, j, se[j], opts,
+                lik,
+                priors,
+                &r.beta,
+                objective,
+                j,
+                se_model[j],
+                opts,
             )?);
         }
         if !targets.is_empty() {
@@ -614,6 +747,8 @@ fn fit_shape(
             name: c.name.clone(),
             estimate: r.beta[j],
             std_error: se[j],
+            std_error_model: se_model[j],
+            std_error_robust: se_robust[j],
             ci_lower: lower[j],
             ci_upper: upper[j],
             penalized: !priors.is_unpenalized(j),
@@ -642,6 +777,29 @@ fn fit_shape(
         bootstrap: None,
         profiles,
     })
+}
+
+/// Finish a GPU fit on the host: [`ccd::fit`] under the optimality rule (the Newton block on the
+/// unpenalized coefficients, the KKT check on the others), warm-started from the device's β.
+/// Iterations, updates, seconds and the objective trace are those of both runs together.
+fn gpu_then_host(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    device: ccd::CcdResult,
+    opts: &CcdOptions,
+) -> Result<ccd::CcdResult> {
+    let mut host = ccd::fit(lik, priors, &device.beta, None, opts)?;
+    if host.status == FitStatus::IllConditioned {
+        lik.set_beta(&device.beta);
+        return Ok(device);
+    }
+    let mut trace = device.objective_trace;
+    trace.append(&mut host.objective_trace);
+    host.objective_trace = trace;
+    host.iterations += device.iterations;
+    host.coordinate_updates += device.coordinate_updates;
+    host.seconds += device.seconds;
+    Ok(host)
 }
 
 /// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the

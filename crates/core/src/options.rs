@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::backend::{Device, Precision};
 use crate::error::{Error, Result};
-use crate::fit::{default_profile_grid, CiMethod, FitOptions, ProfileOptions};
+use crate::fit::{default_profile_grid, CiMethod, FitOptions, ProfileOptions, SeMethod};
 use crate::model::bootstrap::BootstrapOptions;
 use crate::model::ccd::Convergence;
 use crate::model::cv::{log_grid, CvOptions, CvSearch, Resampling};
@@ -69,10 +69,11 @@ pub const FIT_OPTIONS: &[OptionDoc] = &[
     doc("lambda", "number", "–", "Laplace λ (objective LL − λΣ\\|β\\|, not scaled by n), or the ridge λ (σ² = 1/λ)"),
     doc("exclude", "array of ints", "`[]`", "covariate ids never penalized (the intercept never is)"),
     doc("ties", "string", "`breslow`", "`breslow` or `efron` (Cox, Fine–Gray)"),
-    doc("convergence", "string", "`objective`", "`objective` (relative change of the objective after a cycle) or `gradient` (largest KKT violation in a cycle)"),
+    doc("convergence", "string", "`optimality`", "`optimality`: unpenalized coefficients solved by Newton–Raphson on the exact information (step-halving) until the Newton decrement √(gᵀI⁻¹g) ≤ `tolerance`, penalized ones by CCD until the KKT conditions hold at the returned β to `tolerance` (\\|g\\| ≤ λ(1 + tol) at 0, \\|g − λ sign β\\| ≤ tol·max(1, λ) elsewhere); `objective`: relative change of the objective after a CCD cycle (Cyclops' `lange` type; stops early); `gradient`: largest KKT violation in a CCD cycle"),
     doc("tolerance", "number", "`1e-6`", "threshold of the convergence rule"),
-    doc("max_iterations", "int", "`1000`", "full CCD cycles"),
-    doc("ci", "string", "`profile`", "`profile`, `wald`, `bootstrap` (percentile intervals of every coefficient) or `none`"),
+    doc("max_iterations", "int", "`1000`", "solver iterations: Newton iterations of a classical fit, CCD cycles (each with one Newton step on the unpenalized coefficients) of a penalized one"),
+    doc("se", "string", "`robust` for `fine_gray`, `model` otherwise", "standard error reported as `std_error` and used by Wald intervals: `model` (observed information) or `robust` (sandwich: Fine & Gray's with the censoring-weight term, as `cmprsk::crr`, for `fine_gray`; Lin–Wei, as `coxph(robust = TRUE)`, for `cox`; HC0 for `logistic` / `poisson`; by stratum for `sccs` / `conditional_logistic`; clusters from the `cluster_id` column). Both are returned as `std_error_model` and `std_error_robust` where computed"),
+    doc("ci", "string", "`profile` (`wald` for `fine_gray`)", "`profile`, `wald`, `bootstrap` (percentile intervals of every coefficient) or `none`"),
     doc("ci_level", "number", "`0.95`", "interval level, in (0, 1)"),
     doc("device", "string", "`auto`", "`auto`, `cpu` or `cuda` (`auto` uses the CPU until the CUDA kernels are verified on a GPU; `cuda` without a usable GPU is an error)"),
     doc("precision", "string", "`f64`", "design storage on the GPU: `f64`, or `f32` with f64 accumulation"),
@@ -302,6 +303,8 @@ pub struct FitSpec {
     pub tolerance: Option<f64>,
     /// `max_iterations`.
     pub max_iterations: Option<usize>,
+    /// `se`.
+    pub se: Option<String>,
     /// `ci`.
     pub ci: Option<String>,
     /// `ci_level`.
@@ -530,6 +533,9 @@ impl FitSpec {
         if let Some(n) = self.max_iterations {
             o.ccd.max_iterations = n;
         }
+        if let Some(s) = &self.se {
+            o.se = SeMethod::parse(s)?;
+        }
         if let Some(c) = &self.ci {
             o.ci = CiMethod::parse(c)?;
         }
@@ -572,8 +578,28 @@ mod tests {
         assert_eq!(o.ties, d.ties);
         assert_eq!(o.ci, d.ci);
         assert_eq!(o.ccd.tolerance, d.ccd.tolerance);
+        assert_eq!(o.ccd.convergence, Convergence::Optimality);
+        assert_eq!(d.ccd.convergence, Convergence::Optimality);
         assert_eq!(o.ccd.max_iterations, d.ccd.max_iterations);
         assert!(o.cv.is_none() && o.bootstrap.is_none());
+        assert_eq!((o.se, o.ci), (SeMethod::Model, CiMethod::Profile));
+        // Fine–Gray: robust standard errors and Wald intervals on them, as crr.
+        let fg = FitSpec::default().check(ModelKind::FineGray).unwrap();
+        assert_eq!((fg.se, fg.ci), (SeMethod::Robust, CiMethod::Wald));
+        let fg = FitSpec {
+            se: Some("model".into()),
+            ..Default::default()
+        }
+        .check(ModelKind::FineGray)
+        .unwrap();
+        assert_eq!(fg.se, SeMethod::Model);
+        let e = spec(FitSpec {
+            se: Some("jackknife".into()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("se"), "{e}");
     }
 
     #[test]

@@ -21,11 +21,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray,
+};
 use datafusion::arrow::compute::{cast, concat_batches};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::catalog::TableFunctionArgs;
+use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{Expr, TableType};
@@ -72,7 +74,10 @@ impl TableFunctionImpl for EmpiricalNullFunction {
         let usage = "negatives: log_rr, se_log_rr [, group]";
         let strings = string_args("empirical_null", args.exprs(), usage)?;
         if strings.len() != 1 {
-            return plan_err!("empirical_null takes 1 argument ({usage}), got {}", strings.len());
+            return plan_err!(
+                "empirical_null takes 1 argument ({usage}), got {}",
+                strings.len()
+            );
         }
         Ok(Arc::new(CalibrationTable {
             name: "empirical_null",
@@ -85,7 +90,8 @@ impl TableFunctionImpl for EmpiricalNullFunction {
 
 impl TableFunctionImpl for CalibrateEstimatesFunction {
     fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
-        let usage = "estimates: log_rr, se_log_rr [, group], negatives: log_rr, se_log_rr [, group]";
+        let usage =
+            "estimates: log_rr, se_log_rr [, group], negatives: log_rr, se_log_rr [, group]";
         let strings = string_args("calibrate_estimates", args.exprs(), usage)?;
         if strings.len() != 2 {
             return plan_err!(
@@ -193,7 +199,12 @@ impl TableProvider for CalibrationTable {
                     None => null_batch(&schema, &nulls),
                     Some(plan) => {
                         let est = collect_one(plan, ctx).await?;
-                        calibrated_batch(&schema, &est, &nulls, neg.column_by_name("group").is_some())
+                        calibrated_batch(
+                            &schema,
+                            &est,
+                            &nulls,
+                            neg.column_by_name("group").is_some(),
+                        )
                     }
                 }
             })
@@ -257,7 +268,9 @@ fn fit_nulls(neg: &RecordBatch) -> DfResult<BTreeMap<Option<String>, EmpiricalNu
             return Err(exec_datafusion_err!(
                 "negatives: row {}{}: log_rr and se_log_rr must not be NULL",
                 i + 1,
-                g.as_deref().map(|g| format!(" (group {g})")).unwrap_or_default()
+                g.as_deref()
+                    .map(|g| format!(" (group {g})"))
+                    .unwrap_or_default()
             ));
         }
         let e = by_group.entry(g).or_default();
@@ -273,7 +286,9 @@ fn fit_nulls(neg: &RecordBatch) -> DfResult<BTreeMap<Option<String>, EmpiricalNu
             let null = fit_null(&lr, &se).map_err(|e| {
                 exec_datafusion_err!(
                     "negatives{}: {e}",
-                    g.as_deref().map(|g| format!(" (group {g})")).unwrap_or_default()
+                    g.as_deref()
+                        .map(|g| format!(" (group {g})"))
+                        .unwrap_or_default()
                 )
             })?;
             Ok((g, null))
@@ -287,11 +302,19 @@ fn null_batch(
 ) -> DfResult<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter(nulls.keys().cloned())),
-        Arc::new(Float64Array::from_iter_values(nulls.values().map(|n| n.mean()))),
-        Arc::new(Float64Array::from_iter_values(nulls.values().map(|n| n.sd()))),
+        Arc::new(Float64Array::from_iter_values(
+            nulls.values().map(|n| n.mean()),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            nulls.values().map(|n| n.sd()),
+        )),
         Arc::new(Float64Array::from_iter_values(nulls.values().map(ease))),
-        Arc::new(Int64Array::from_iter_values(nulls.values().map(|n| n.n() as i64))),
-        Arc::new(Float64Array::from_iter(nulls.values().map(|n| n.log_likelihood()))),
+        Arc::new(Int64Array::from_iter_values(
+            nulls.values().map(|n| n.n() as i64),
+        )),
+        Arc::new(Float64Array::from_iter(
+            nulls.values().map(|n| n.log_likelihood()),
+        )),
     ];
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }

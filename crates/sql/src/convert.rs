@@ -851,9 +851,10 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         )),
         Arc::new(Float64Array::from_iter_values(c.iter().map(|c| c.estimate))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error))),
-        // Every standard error is model-based (from the observed information) today.
-        Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error))),
-        Arc::new(Float64Array::from_iter(std::iter::repeat_n(None::<f64>, n))),
+        Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error_model))),
+        Arc::new(Float64Array::from_iter(
+            c.iter().map(|c| c.std_error_robust),
+        )),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_lower))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_upper))),
         Arc::new(Float64Array::from_iter_values(
@@ -1515,6 +1516,8 @@ mod tests {
                     name: "age".into(),
                     estimate: 0.5,
                     std_error: Some(0.1),
+                    std_error_model: Some(0.1),
+                    std_error_robust: None,
                     ci_lower: Some(0.3),
                     ci_upper: None,
                     penalized: false,
@@ -1524,6 +1527,8 @@ mod tests {
                     name: "2".into(),
                     estimate: 0.0,
                     std_error: None,
+                    std_error_model: None,
+                    std_error_robust: None,
                     ci_lower: None,
                     ci_upper: None,
                     penalized: true,

@@ -2,7 +2,8 @@
 //!
 //! Built from the Cyclops-compatible long format (DESIGN.md §4): one outcome record per row
 //! (`row_id`, optional `stratum_id`, `time`, `y`, optional `weight`, `start_time`, `offset`,
-//! `censor_weight`) and covariate entries `(row_id, covariate_id, covariate_value)`.
+//! `censor_weight`) and covariate entries `(row_id, covariate_id, covariate_value)`. Cluster ids
+//! for robust variances are set on the built matrix ([`DesignMatrix::set_clusters`]).
 //!
 //! Columns are stored in one of three formats:
 //!
@@ -144,6 +145,10 @@ pub struct Rows {
     pub offset: Option<Vec<f64>>,
     /// Supplied Fine–Gray censoring weight G(T−) (otherwise the engine computes it).
     pub censor_weight: Option<Vec<f64>>,
+    /// Cluster id per row for robust variances (`coxph(..., cluster = )`); `None`: every row
+    /// is its own cluster (every stratum, for SCCS and conditional logistic regression). Set
+    /// with [`DesignMatrix::set_clusters`].
+    pub cluster: Option<Vec<i64>>,
 }
 
 /// A validated design matrix (row data + CSC columns).
@@ -202,6 +207,19 @@ impl DesignMatrix {
         let n = self.n_rows();
         self.columns.insert(0, Column::intercept(n));
         self
+    }
+
+    /// Set the cluster id of every row (in row order) for robust variances
+    /// ([`crate::model::robust`]); an error when the length is not the number of rows.
+    pub fn set_clusters(&mut self, cluster: Vec<i64>) -> Result<()> {
+        if cluster.len() != self.n_rows() {
+            return Err(Error::BadColumn {
+                column: "cluster_id".into(),
+                message: format!("{} cluster ids for {} rows", cluster.len(), self.n_rows()),
+            });
+        }
+        self.rows.cluster = Some(cluster);
+        Ok(())
     }
 
     /// Whether the first column is the intercept.
@@ -266,6 +284,10 @@ impl DesignMatrix {
             weight: src.weight.as_ref().map(pick_f64),
             offset: src.offset.as_ref().map(pick_f64),
             censor_weight: src.censor_weight.as_ref().map(pick_f64),
+            cluster: src
+                .cluster
+                .as_ref()
+                .map(|c| rows.iter().map(|&r| c[r as usize]).collect()),
         };
         // Output positions of every source row (CSR), in increasing output order.
         let n_src = self.n_rows();
@@ -832,6 +854,7 @@ impl DesignBuilder {
             weight: o.weight.values,
             offset: o.offset.values,
             censor_weight: o.censor_weight.values,
+            cluster: None,
             row_id: o.row_id,
         };
 

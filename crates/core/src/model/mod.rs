@@ -49,10 +49,12 @@ pub mod design;
 pub mod fine_gray;
 pub mod glm;
 pub mod inference;
+pub(crate) mod newton;
 pub mod prior;
 pub mod registry;
 pub mod risk_set;
 pub mod rng;
+pub mod robust;
 pub mod sccs;
 
 use crate::error::{Error, Result};
