@@ -110,6 +110,16 @@ impl Output {
             .fold(self.prefix.clone(), |p, part| p.join(part))
     }
 
+    /// The store path of `rel` (for conditional writes, [`super::lock`]).
+    pub(crate) fn object_path(&self, rel: &str) -> StorePath {
+        self.path(rel)
+    }
+
+    /// The store (for conditional writes, [`super::lock`]).
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
     /// `rel` as a URL or path a person can open.
     pub fn display(&self, rel: &str) -> String {
         match &self.local_dir {
@@ -135,13 +145,22 @@ impl Output {
 
     /// Read `rel`; None when it does not exist.
     pub async fn get(&self, rel: &str) -> Result<Option<bytes::Bytes>, PipelineError> {
+        Ok(self.get_with_tag(rel).await?.map(|(b, _)| b))
+    }
+
+    /// Read `rel` with its e-tag; None when it does not exist.
+    pub async fn get_with_tag(
+        &self,
+        rel: &str,
+    ) -> Result<Option<(bytes::Bytes, Option<String>)>, PipelineError> {
         match self.store.get(&self.path(rel)).await {
             Ok(r) => {
+                let e_tag = r.meta.e_tag.clone();
                 let bytes = r
                     .bytes()
                     .await
                     .map_err(|e| store_err(&self.location, &format!("cannot read {rel}"), e))?;
-                Ok(Some(bytes))
+                Ok(Some((bytes, e_tag)))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(store_err(&self.location, &format!("cannot read {rel}"), e)),
