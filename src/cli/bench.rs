@@ -102,7 +102,9 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
         None => {
             let data = match a.model {
                 ModelKind::Cox => epifusion::bench::cox_data(a.n, a.p, a.density, a.seed)?,
-                ModelKind::FineGray => epifusion::bench::fine_gray_data(a.n, a.p, a.density, a.seed)?,
+                ModelKind::FineGray => {
+                    epifusion::bench::fine_gray_data(a.n, a.p, a.density, a.seed)?
+                }
                 ModelKind::ConditionalPoisson => epifusion::bench::sccs_data(a.n, a.p, a.seed)?,
                 other => bail!(
                     "bench supports cox, fine_gray and sccs (got {})",

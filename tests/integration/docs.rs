@@ -11,8 +11,14 @@ const END: &str = "<!-- fit-options:end -->";
 fn check(relative: &str) {
     let path = format!("{}/{relative}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap();
-    let start = text.find(BEGIN).unwrap_or_else(|| panic!("{relative}: no {BEGIN}")) + BEGIN.len();
-    let end = start + text[start..].find(END).unwrap_or_else(|| panic!("{relative}: no {END}"));
+    let start = text
+        .find(BEGIN)
+        .unwrap_or_else(|| panic!("{relative}: no {BEGIN}"))
+        + BEGIN.len();
+    let end = start
+        + text[start..]
+            .find(END)
+            .unwrap_or_else(|| panic!("{relative}: no {END}"));
     let want = options_markdown();
     if std::env::var_os("EPIFUSION_WRITE_DOCS").is_some() && text[start..end] != want {
         std::fs::write(&path, format!("{}{want}{}", &text[..start], &text[end..])).unwrap();

@@ -159,7 +159,10 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Toggle<T> {
             fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
                 Ok(Toggle::On(false))
             }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
                 T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Toggle::Spec)
             }
         }
@@ -192,10 +195,16 @@ impl<'de, T: Deserialize<'de>, O: Deserialize<'de>> Deserialize<'de> for ListOr<
             fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
                 Ok(ListOr::Flag(false))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Self::Value, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
                 Vec::<T>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(ListOr::List)
             }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Self::Value, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
                 O::deserialize(de::value::MapAccessDeserializer::new(map)).map(ListOr::Object)
             }
         }
@@ -422,9 +431,8 @@ impl ProfileSpec {
                 let from = g
                     .from
                     .ok_or_else(|| Error::option("profile.grid.from", "is required"))?;
-                let to = g
-                    .to
-                    .ok_or_else(|| Error::option("profile.grid.to", "is required"))?;
+                let to =
+                    g.to.ok_or_else(|| Error::option("profile.grid.to", "is required"))?;
                 let steps = g.steps.unwrap_or(100);
                 if !(to > from && to.is_finite() && from.is_finite() && steps >= 2) {
                     return Err(Error::option(

@@ -194,7 +194,8 @@ async fn build(
             ..Default::default()
         };
         let x = inputs.design(&read)?;
-        let batch = summary(&call.name, &x).map_err(|e| epifusion_core::Error::Format(e.to_string()))?;
+        let batch =
+            summary(&call.name, &x).map_err(|e| epifusion_core::Error::Format(e.to_string()))?;
         designs.insert(&call.name, x);
         Ok(batch)
     })

@@ -185,8 +185,14 @@ mod spec_tests {
             (r#"{"cv": {"folds": "x"}}"#, "cv.folds"),
             (r#"{"cv": {"fold": 3}}"#, "fold"),
             (r#"{"cv": {"threads": 2}}"#, "threads"),
-            (r#"{"bootstrap": {"replicates": -1}}"#, "bootstrap.replicates"),
-            (r#"{"profile": {"grid": {"from": 1, "to": 0}}}"#, "profile.grid"),
+            (
+                r#"{"bootstrap": {"replicates": -1}}"#,
+                "bootstrap.replicates",
+            ),
+            (
+                r#"{"profile": {"grid": {"from": 1, "to": 0}}}"#,
+                "profile.grid",
+            ),
             (r#"{"threads": 100000}"#, "threads"),
             (r#"{"cv": 3}"#, "cv"),
         ] {
@@ -197,7 +203,10 @@ mod spec_tests {
         }
         // `variance` without a prior is a Laplace prior (as on the CLI).
         let o = parse_fit_options(ModelKind::Cox, r#"{"variance": 0.5}"#).unwrap();
-        assert_eq!(o.prior, epifusion_core::model::prior::Prior::Laplace { lambda: 2.0 });
+        assert_eq!(
+            o.prior,
+            epifusion_core::model::prior::Prior::Laplace { lambda: 2.0 }
+        );
         assert!(fit_option_keys().contains(&"cv") && !fit_option_keys().contains(&"cv.folds"));
     }
 }

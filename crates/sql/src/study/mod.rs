@@ -345,7 +345,10 @@ pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
 /// Run a read-only query (settings and concept sets carry user SQL: no DML, COPY or DDL, see
 /// [`crate::planning`]) and collect its batches.
 pub async fn query(ctx: &SessionContext, sql: &str) -> DfResult<Vec<RecordBatch>> {
-    crate::planning::read_only_sql(ctx, sql).await?.collect().await
+    crate::planning::read_only_sql(ctx, sql)
+        .await?
+        .collect()
+        .await
 }
 
 /// A uniquely named temporary table in `ctx`, removed when dropped.
