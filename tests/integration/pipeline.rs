@@ -764,7 +764,13 @@ fn sccs_and_cohort_designs_run_from_the_example_files() {
 fn logged_run_id(lines: &[String]) -> String {
     lines
         .iter()
-        .find_map(|l| l.split("] run ").nth(1)?.split(':').next().map(str::to_string))
+        .find_map(|l| {
+            l.split("] run ")
+                .nth(1)?
+                .split(':')
+                .next()
+                .map(str::to_string)
+        })
         .unwrap_or_else(|| panic!("no run line:\n{}", lines.join("\n")))
 }
 
@@ -787,7 +793,11 @@ fn consistent_manifest(out: &Path) -> serde_json::Value {
     );
     for a in m["analyses"].as_array().unwrap() {
         let rel = a["manifest"]["path"].as_str().unwrap();
-        assert_eq!(size_of(rel), a["manifest"]["size"].as_u64().unwrap(), "{rel}");
+        assert_eq!(
+            size_of(rel),
+            a["manifest"]["size"].as_u64().unwrap(),
+            "{rel}"
+        );
         let am: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join(rel)).unwrap()).unwrap();
         assert_eq!(am["run_id"], a["run_id"], "{rel} belongs to another run");
@@ -966,7 +976,10 @@ fn a_killed_forced_rerun_leaves_the_visible_manifest_intact() {
     // The visible manifest is the previous run's, and all it points to is intact.
     let after = consistent_manifest(&out);
     assert_eq!(after, before);
-    assert!(out.join("epifusion.lock").exists(), "kill -9 leaves the lock");
+    assert!(
+        out.join("epifusion.lock").exists(),
+        "kill -9 leaves the lock"
+    );
 
     // A plain rerun takes over the stale lock and completes: the first analysis from the killed
     // run (complete), the second from the first run; nothing else is left.
@@ -1007,7 +1020,8 @@ fn a_read_only_output_fails_before_any_analysis_work() {
     let as_root = std::fs::write(out.join("probe"), b"x").is_ok();
     let _ = std::fs::remove_file(out.join("probe"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_epifusion"));
-    cmd.args(["run", &file]).current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.args(["run", &file])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
     if as_root {
         cmd.uid(65534).gid(65534);
     }
@@ -1095,9 +1109,11 @@ fn design_settings_fail_the_dry_run_at_the_line_of_their_key() {
 fn a_report_id_without_a_coefficient_is_a_warning_in_the_output_and_the_report() {
     let dir = temp_dir("reportid");
     let file = small_pipeline(&dir, GOOD_SECOND);
-    let body = std::fs::read_to_string(&file)
-        .unwrap()
-        .replacen("model = \"logistic\"", "model = \"logistic\"\nreport = [424242]", 1);
+    let body = std::fs::read_to_string(&file).unwrap().replacen(
+        "model = \"logistic\"",
+        "model = \"logistic\"\nreport = [424242]",
+        1,
+    );
     std::fs::write(&file, &body).unwrap();
     let line = line_of(&body, "report = [424242]");
     let o = epifusion(&["run", &file], &[]);
@@ -1150,7 +1166,10 @@ fn unsupported_url_schemes_and_an_empty_omop_are_clear_errors() {
         &[],
     );
     let (_, e) = text(&o);
-    assert!(!o.status.success() && e.contains("unsupported URL scheme"), "{e}");
+    assert!(
+        !o.status.success() && e.contains("unsupported URL scheme"),
+        "{e}"
+    );
 }
 
 /// PUT `body` at `key` in `bucket` (asked of moto directly).
@@ -1220,10 +1239,16 @@ fn the_s3_output_is_locked_with_a_conditional_put() {
     // --no-lock, which warns.
     let mut no_conditional = env.clone();
     no_conditional.push(("AWS_CONDITIONAL_PUT", "disabled".into()));
-    let o = epifusion(&["run", &file, "--output", "s3://locks/plain"], &no_conditional);
+    let o = epifusion(
+        &["run", &file, "--output", "s3://locks/plain"],
+        &no_conditional,
+    );
     let (_, e) = text(&o);
     assert!(!o.status.success(), "{e}");
-    assert!(e.contains("conditional writes") && e.contains("--no-lock"), "{e}");
+    assert!(
+        e.contains("conditional writes") && e.contains("--no-lock"),
+        "{e}"
+    );
     assert!(list_keys(moto.port, "locks", "plain/").is_empty());
     let o = epifusion(
         &["run", &file, "--output", "s3://locks/plain", "--no-lock"],
@@ -1234,6 +1259,11 @@ fn the_s3_output_is_locked_with_a_conditional_put() {
     assert!(e.contains("warning: --no-lock"), "{e}");
     let keys = list_keys(moto.port, "locks", "plain/");
     assert!(keys.contains(&"plain/manifest.json".into()), "{keys:?}");
-    assert!(!keys.iter().any(|k| k.contains("lock") || k.contains("write-check")), "{keys:?}");
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.contains("lock") || k.contains("write-check")),
+        "{keys:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,8 +9,8 @@
 //!   cannot be locked: the run is refused unless `--no-lock` is given, and then warns.
 //!
 //! **Stale locks.** A lock whose process is not running on this host (or whose process id now
-//! belongs to another process) is stale, e.g. after `kill -9` or a crash: the next run takes
-//! it over and says so (locally after checking that the file is unchanged, on object stores
+//! belongs to another process) is stale, e.g. after `kill -9`, Ctrl-C or a crash: the next run
+//! takes it over and says so (locally after checking that the file is unchanged, on object stores
 //! with a conditional PUT on the stale lock's e-tag). A lock written on another host is never
 //! considered stale automatically: the error says how to remove it.
 //!
@@ -184,6 +184,17 @@ fn lock_err(out: &Output, what: &str, e: impl std::fmt::Display) -> PipelineErro
     }
 }
 
+/// The lock cannot be created: the output is not writable (or not reachable).
+fn not_writable(out: &Output, e: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Output {
+        location: out.location.clone(),
+        message: format!(
+            "cannot create the lock {}: {e}; is the output writable? (nothing was run)",
+            out.display(LOCK_NAME)
+        ),
+    }
+}
+
 impl OutputLock {
     /// Take the lock of `out` for run `run_id` (see the module documentation).
     pub async fn acquire(
@@ -261,13 +272,7 @@ impl OutputLock {
                                 }
                             }
                         }
-                        Err(e) => {
-                            return Err(lock_err(
-                                out,
-                                "cannot create the lock (is the folder writable?)",
-                                e,
-                            ))
-                        }
+                        Err(e) => return Err(not_writable(out, e)),
                     }
                 }
                 match Self::read(out).await? {
@@ -306,16 +311,11 @@ impl OutputLock {
                                 ),
                             });
                         }
-                        Err(object_store::Error::NotImplemented { .. }) => {
-                            // No conditional update: delete the stale lock, then create.
-                            out.delete(LOCK_NAME).await?;
-                            mode = PutMode::Create;
-                        }
                         Err(
                             object_store::Error::AlreadyExists { .. }
                             | object_store::Error::Precondition { .. },
                         ) => {
-                            let Some((held, e_tag)) = Self::read(out).await? else {
+                            let Some((held, version)) = Self::read(out).await? else {
                                 mode = PutMode::Create;
                                 continue;
                             };
@@ -326,12 +326,15 @@ impl OutputLock {
                                 "taking over the stale lock {display} of {} ({reason})",
                                 held.holder()
                             ));
-                            mode = PutMode::Update(UpdateVersion {
-                                e_tag,
-                                version: None,
-                            });
+                            mode = PutMode::Update(version);
                         }
-                        Err(e) => return Err(lock_err(out, "cannot write the lock", e)),
+                        Err(_) if matches!(mode, PutMode::Update(_)) => {
+                            // No conditional update here (or no version to match): delete the
+                            // stale lock, then create.
+                            out.delete(LOCK_NAME).await?;
+                            mode = PutMode::Create;
+                        }
+                        Err(e) => return Err(not_writable(out, e)),
                     }
                 }
                 match Self::read(out).await? {
@@ -342,17 +345,23 @@ impl OutputLock {
         }
     }
 
-    /// The lock of `out` and its e-tag, if there is one.
-    pub async fn read(out: &Output) -> Result<Option<(LockInfo, Option<String>)>, PipelineError> {
+    /// The lock of `out` and its version (object stores), if there is one.
+    pub async fn read(out: &Output) -> Result<Option<(LockInfo, UpdateVersion)>, PipelineError> {
         if let Some(dir) = &out.local_dir {
             return match std::fs::read(dir.join(LOCK_NAME)) {
-                Ok(bytes) => Ok(Some((parse(out, &bytes)?, None))),
+                Ok(bytes) => Ok(Some((
+                    parse(out, &bytes)?,
+                    UpdateVersion {
+                        e_tag: None,
+                        version: None,
+                    },
+                ))),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(lock_err(out, "cannot read the lock", e)),
             };
         }
-        match out.get_with_tag(LOCK_NAME).await? {
-            Some((bytes, e_tag)) => Ok(Some((parse(out, &bytes)?, e_tag))),
+        match out.get_versioned(LOCK_NAME).await? {
+            Some((bytes, version)) => Ok(Some((parse(out, &bytes)?, version))),
             None => Ok(None),
         }
     }
@@ -397,7 +406,9 @@ fn parse(out: &Output, bytes: &[u8]) -> Result<LockInfo, PipelineError> {
     serde_json::from_slice(bytes).map_err(|e| {
         locked(
             out,
-            format!("an unknown holder (the lock is being written or is not an epifusion lock: {e})"),
+            format!(
+                "an unknown holder (the lock is being written or is not an epifusion lock: {e})"
+            ),
         )
     })
 }
@@ -459,7 +470,10 @@ mod tests {
             .await
             .unwrap_err()
             .to_string();
-        assert!(e.contains("run-1"), "--no-lock never overrides a held lock: {e}");
+        assert!(
+            e.contains("run-1"),
+            "--no-lock never overrides a held lock: {e}"
+        );
         first.check_held(&out).await.unwrap();
         first.release(&out).await.unwrap();
         assert!(!dir.join(LOCK_NAME).exists());

@@ -996,10 +996,21 @@ end = 30
                 && e.contains("unknown field `gendr`"),
             "{e}"
         );
-        let e = design_err("anchor", "start_anchor = \"cohort_start\"", "start_anchor = \"start\"");
-        assert!(e.contains("p.toml:19:") && e.contains("cohort.start_anchor"), "{e}");
+        let e = design_err(
+            "anchor",
+            "start_anchor = \"cohort_start\"",
+            "start_anchor = \"start\"",
+        );
+        assert!(
+            e.contains("p.toml:19:") && e.contains("cohort.start_anchor"),
+            "{e}"
+        );
         // SCCS: the exposure keys at the top of the table, a window ending before its start.
-        let e = design_err("sccs_end", "end = 30", "end = -30\nend_anchor = \"era_start\"");
+        let e = design_err(
+            "sccs_end",
+            "end = 30",
+            "end = -30\nend_anchor = \"era_start\"",
+        );
         assert!(
             e.contains("p.toml:34:") && e.contains("sccs.risk_windows[0].end"),
             "{e}"
@@ -1010,15 +1021,25 @@ end = 30
             "{e}"
         );
         let e = design_err("naive", "naive_period = 0", "naive_period = -1");
-        assert!(e.contains("p.toml:31:") && e.contains("sccs.naive_period"), "{e}");
+        assert!(
+            e.contains("p.toml:31:") && e.contains("sccs.naive_period"),
+            "{e}"
+        );
         let e = design_err("sccs_key", "naive_period = 0", "naive_priod = 0");
-        assert!(e.contains("p.toml:31:") && e.contains("sccs.naive_priod"), "{e}");
+        assert!(
+            e.contains("p.toml:31:") && e.contains("sccs.naive_priod"),
+            "{e}"
+        );
     }
 
     #[test]
     fn locations_are_checked_when_loading() {
         for (from, to, want) in [
-            ("name = \"d\"", "name = \"d\"\nomop = \"ftp://h/x\"", "p.toml:2:"),
+            (
+                "name = \"d\"",
+                "name = \"d\"\nomop = \"ftp://h/x\"",
+                "p.toml:2:",
+            ),
             (
                 "name = \"d\"",
                 "name = \"d\"\nomop = \"/s\"\noutput = \"\"",
@@ -1026,8 +1047,8 @@ end = 30
             ),
         ] {
             let text = DESIGNS.replacen(from, to, 1);
-            let dir = std::env::temp_dir()
-                .join(format!("epifusion-plan-loc-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("epifusion-plan-loc-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join("p.toml");
             std::fs::write(&file, text).unwrap();
@@ -1040,7 +1061,10 @@ end = 30
         let e = load_text_with("", "/o").unwrap_err();
         assert!(e.contains("--omop") && e.contains("empty"), "{e}");
         let e = load_text_with("/s", "hdfs://nn/x").unwrap_err();
-        assert!(e.contains("--output") && e.contains("unsupported URL scheme"), "{e}");
+        assert!(
+            e.contains("--output") && e.contains("unsupported URL scheme"),
+            "{e}"
+        );
     }
 
     fn load_text_with(omop: &str, output: &str) -> Result<Pipeline, String> {

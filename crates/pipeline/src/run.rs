@@ -5,7 +5,9 @@
 //! **Resume rule.** A unit is complete when `analyses/<id>/manifest.json` exists, says
 //! `complete`, has the unit's current fingerprint (see [`super::plan::fingerprint`]) and every
 //! object it lists is present with the recorded size and e-tag. Complete units are skipped
-//! unless `--force`. A unit whose data or fit fails is reported and the others still run; the
+//! unless `--force`, which writes new run-scoped objects: the run manifest, written last in one
+//! PUT, is the switch, and what it no longer points to is deleted only after it (see
+//! [`super::output`]). The whole run holds the output's lock ([`super::lock`]). A unit whose data or fit fails is reported and the others still run; the
 //! run is then incomplete (exit status 1, no new run manifest). A failure of the output store
 //! (after the retries of [`epifusion_sql::store::retry_config`]) stops the run at once.
 
@@ -314,8 +316,11 @@ pub async fn run(
         for a in &p.analyses {
             done.push(complete_manifest(&out, a).await?);
         }
-        let lock = OutputLock::read(&out).await.ok().flatten().map(|(held, _)| {
-            match held.stale_reason() {
+        let lock = OutputLock::read(&out)
+            .await
+            .ok()
+            .flatten()
+            .map(|(held, _)| match held.stale_reason() {
                 Some(reason) => format!(
                     "{} holds a stale lock ({reason}); a run takes it over",
                     held.holder()
@@ -325,8 +330,7 @@ pub async fn run(
                     held.holder(),
                     out.display(super::lock::LOCK_NAME)
                 ),
-            }
-        });
+            });
         let mut plan_rows = Vec::new();
         for (a, d) in p.analyses.iter().zip(&done) {
             let stale = d.is_none() && has_stale_results(&out, a).await?;
@@ -1061,7 +1065,11 @@ fn report_warnings(p: &Pipeline, a: &Analysis, estimates: &[RecordBatch]) -> DfR
         };
         let ids = cast(ids, &DataType::Int64)?;
         let ids = ids.as_primitive::<Int64Type>();
-        fitted.extend((0..ids.len()).filter(|&i| !ids.is_null(i)).map(|i| ids.value(i)));
+        fitted.extend(
+            (0..ids.len())
+                .filter(|&i| !ids.is_null(i))
+                .map(|i| ids.value(i)),
+        );
     }
     let missing: Vec<String> = wanted
         .iter()
@@ -1075,16 +1083,26 @@ fn report_warnings(p: &Pipeline, a: &Analysis, estimates: &[RecordBatch]) -> DfR
     if fitted.len() > 12 {
         have.push("…".into());
     }
-    let (line, column) = p.source.line_col(p.source.key_span(&a.span, "report").start);
+    let (line, column) = p
+        .source
+        .line_col(p.source.key_span(&a.span, "report").start);
     Ok(vec![format!(
         "{}:{line}:{column}: analysis `{}`: report: {} {} not among the coefficients of {} ({}); \
          nothing is plotted for {}",
         p.source.name,
         a.name,
-        if missing.len() == 1 { "covariate" } else { "covariates" },
+        if missing.len() == 1 {
+            "covariate"
+        } else {
+            "covariates"
+        },
         missing.join(", ") + if missing.len() == 1 { " is" } else { " are" },
         a.id,
-        if have.is_empty() { "none".into() } else { have.join(", ") },
+        if have.is_empty() {
+            "none".into()
+        } else {
+            have.join(", ")
+        },
         if missing.len() == 1 { "it" } else { "them" },
     )])
 }

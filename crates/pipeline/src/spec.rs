@@ -589,13 +589,15 @@ pub fn fit_options_json(
             .get_ref()
             .iter()
             .map(|(k, v)| {
-                serde_json::to_value(v).map(|v| (k.clone(), v)).map_err(|e| {
-                    src.error(
-                        src.key_span(&table.span(), k),
-                        format!("analysis `{name}`: {prefix}{k}"),
-                        e.to_string(),
-                    )
-                })
+                serde_json::to_value(v)
+                    .map(|v| (k.clone(), v))
+                    .map_err(|e| {
+                        src.error(
+                            src.key_span(&table.span(), k),
+                            format!("analysis `{name}`: {prefix}{k}"),
+                            e.to_string(),
+                        )
+                    })
             })
             .collect::<Result<serde_json::Map<_, _>, _>>()
     };
@@ -762,19 +764,48 @@ ci = "wald"
         let line = |path: &[PathSeg]| s.locate(path).map(|r| s.line_col(r.start).0);
         let k = PathSeg::key;
         use PathSeg::Index;
-        assert_eq!(line(&[k("analysis"), Index(0), k("cohort"), k("washout_days")]), Some(5));
         assert_eq!(
-            line(&[k("analysis"), Index(0), k("cohort"), k("covariates"), k("gendr")]),
+            line(&[k("analysis"), Index(0), k("cohort"), k("washout_days")]),
+            Some(5)
+        );
+        assert_eq!(
+            line(&[
+                k("analysis"),
+                Index(0),
+                k("cohort"),
+                k("covariates"),
+                k("gendr")
+            ]),
             Some(7)
         );
         assert_eq!(
-            line(&[k("analysis"), Index(1), k("sccs"), k("risk_windows"), Index(1), k("start")]),
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(1),
+                k("start")
+            ]),
             Some(13)
         );
         // A key left at its default: the deepest written part.
         assert_eq!(
-            line(&[k("analysis"), Index(1), k("sccs"), k("risk_windows"), Index(0), k("start")]),
-            line(&[k("analysis"), Index(1), k("sccs"), k("risk_windows"), Index(0)])
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(0),
+                k("start")
+            ]),
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(0)
+            ])
         );
         assert_eq!(line(&[k("nothing")]), None);
         assert_eq!(

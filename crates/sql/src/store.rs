@@ -169,7 +169,14 @@ mod tests {
 
     #[test]
     fn locations_are_checked_before_use() {
-        for ok in ["data/gibleed", "/abs", "file:///x", "s3://b/p", "HTTPS://h/x", "az://c"] {
+        for ok in [
+            "data/gibleed",
+            "/abs",
+            "file:///x",
+            "s3://b/p",
+            "HTTPS://h/x",
+            "az://c",
+        ] {
             assert_eq!(check_location(ok), Ok(()), "{ok}");
         }
         for bad in ["ftp://h/x", "foo://", "hdfs://nn/p"] {
