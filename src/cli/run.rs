@@ -15,9 +15,15 @@ pub(crate) struct RunArgs {
     /// Validate and print the plan (analyses, sizes, what would run); write nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
-    /// Recompute analyses that are already complete.
+    /// Recompute analyses that are already complete. New results go to new run-scoped
+    /// objects; the run manifest switches to them last (a stopped run leaves the old results).
     #[arg(long)]
     pub(crate) force: bool,
+    /// Run without locking the output (only for object stores without conditional writes,
+    /// where a run is otherwise refused). A lock held by a running run still stops the run; a
+    /// concurrent run without a lock is not detected.
+    #[arg(long)]
+    pub(crate) no_lock: bool,
 }
 
 pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
@@ -26,6 +32,7 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
     let opts = run::RunOptions {
         dry_run: a.dry_run,
         force: a.force,
+        no_lock: a.no_lock,
     };
     let progress = Progress::new(pipeline.analyses.len());
     let rt = runtime()?;
@@ -54,6 +61,9 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
                 r.action
             );
         }
+        if let Some(lock) = &summary.lock {
+            println!("lock: {lock}");
+        }
         println!("dry run: valid; nothing was written");
         return Ok(());
     }
@@ -69,6 +79,12 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
     }
     if let Some(r) = &summary.report {
         println!("report: {r}");
+    }
+    if !summary.warnings.is_empty() {
+        println!("{} warnings (also in the report):", summary.warnings.len());
+        for w in &summary.warnings {
+            println!("  warning: {w}");
+        }
     }
     Ok(())
 }

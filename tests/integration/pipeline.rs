@@ -755,3 +755,539 @@ fn sccs_and_cohort_designs_run_from_the_example_files() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// One run at a time per output (the lock), forced reruns that never break the visible manifest,
+// writability before work, design checks at the key's line, clear location errors.
+
+/// The run id a run logs first ("[   0.4s] run 20261121T101500Z-4242: 2 analyses, …").
+fn logged_run_id(lines: &[String]) -> String {
+    lines
+        .iter()
+        .find_map(|l| {
+            l.split("] run ")
+                .nth(1)?
+                .split(':')
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no run line:\n{}", lines.join("\n")))
+}
+
+/// The run manifest of `out`, checked: every object it points to (the report, each unit's
+/// manifest and each unit's result objects) exists with the recorded size, and each unit's
+/// manifest is the one of the run the entry names.
+fn consistent_manifest(out: &Path) -> serde_json::Value {
+    let m = manifest(out);
+    assert_eq!(m["status"], "complete", "{m}");
+    let size_of = |rel: &str| {
+        out.join(rel)
+            .metadata()
+            .unwrap_or_else(|e| panic!("{rel}: {e} (in {m})"))
+            .len()
+    };
+    let report = &m["report"];
+    assert_eq!(
+        size_of(report["path"].as_str().unwrap()),
+        report["size"].as_u64().unwrap()
+    );
+    for a in m["analyses"].as_array().unwrap() {
+        let rel = a["manifest"]["path"].as_str().unwrap();
+        assert_eq!(
+            size_of(rel),
+            a["manifest"]["size"].as_u64().unwrap(),
+            "{rel}"
+        );
+        let am: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(rel)).unwrap()).unwrap();
+        assert_eq!(am["run_id"], a["run_id"], "{rel} belongs to another run");
+        for (name, o) in am["objects"].as_object().unwrap() {
+            let p = o["path"].as_str().unwrap();
+            assert_eq!(size_of(p), o["size"].as_u64().unwrap(), "{name}: {p}");
+        }
+    }
+    m
+}
+
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| {
+            Command::new("hostname")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        })
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// A process id that is not running any more.
+fn dead_pid() -> u32 {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+fn lock_json(pid: u32, host: &str, run_id: &str) -> String {
+    serde_json::json!({
+        "format": "epifusion-lock/1",
+        "run_id": run_id,
+        "pid": pid,
+        "host": host,
+        "started_at": "2025-01-01T00:00:00Z",
+    })
+    .to_string()
+}
+
+fn spawn_paused(args: &[&str], pause_ms: u64, env: &[(&str, String)]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_epifusion"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("EPIFUSION_TEST_PAUSE_MS", pause_ms.to_string())
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+#[test]
+fn a_second_run_on_a_locked_output_fails_at_once_and_the_first_completes() {
+    let dir = temp_dir("concurrent");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let out = dir.join("out");
+    let mut first = spawn_paused(&["run", &file], 5000, &[]);
+    let lines = stderr_lines(first.stderr.take().unwrap());
+    let mut seen = wait_for_line(&lines, "[1/2] first: complete");
+    let run_id = logged_run_id(&seen);
+
+    // The second run stops before any analysis work, naming the lock, its holder and the fix.
+    let second = epifusion(&["run", &file], &[]);
+    let (_, e) = text(&second);
+    assert!(!second.status.success(), "{e}");
+    let lock = out.join("epifusion.lock").display().to_string();
+    for expected in [
+        "locked",
+        lock.as_str(),
+        run_id.as_str(),
+        &format!("pid {}", first.id()),
+        &format!("rm {lock}"),
+    ] {
+        assert!(e.contains(expected), "`{expected}` not in: {e}");
+    }
+    assert!(
+        !e.contains("building the study tables") && !e.contains("fitting"),
+        "the second run did analysis work: {e}"
+    );
+
+    // The first run completes undisturbed: every entry is its own, consistent; no lock left.
+    let status = first.wait().unwrap();
+    seen.extend(lines.iter());
+    assert!(status.success(), "{}", seen.join("\n"));
+    let m = consistent_manifest(&out);
+    assert_eq!(m["run_id"], run_id.as_str());
+    for a in m["analyses"].as_array().unwrap() {
+        assert_eq!(a["run_id"], run_id.as_str(), "{m}");
+        assert_eq!(a["skipped"], false, "{m}");
+    }
+    assert!(!out.join("epifusion.lock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_stale_lock_is_taken_over_and_a_live_or_foreign_one_stops_the_run() {
+    let dir = temp_dir("stale");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let lock = out.join("epifusion.lock");
+    let host = this_host();
+    assert!(!host.is_empty());
+
+    // A live process on this host holds it: refused, the lock is left as it was.
+    let live = lock_json(std::process::id(), &host, "20250101T000000Z-live");
+    std::fs::write(&lock, &live).unwrap();
+    let o = epifusion(&["run", &file], &[]);
+    let (_, e) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("20250101T000000Z-live")
+            && e.contains(&format!("pid {}", std::process::id()))
+            && e.contains(&format!("rm {}", lock.display())),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), live);
+
+    // Another host's lock is never stale automatically, even with a pid unknown here.
+    let foreign = lock_json(dead_pid(), "elsewhere.example", "20250101T000000Z-foreign");
+    std::fs::write(&lock, &foreign).unwrap();
+    let o = epifusion(&["run", &file], &[]);
+    let (_, e) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("elsewhere.example") && e.contains("20250101T000000Z-foreign"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), foreign);
+    // A dry run takes no lock and says who holds it.
+    let stdout = ok(&epifusion(&["run", &file, "--dry-run"], &[]));
+    assert!(
+        stdout.contains("lock: run 20250101T000000Z-foreign"),
+        "{stdout}"
+    );
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), foreign);
+
+    // A dead process on this host (kill -9, crash): taken over, said so, released at the end.
+    let dead = dead_pid();
+    std::fs::write(&lock, lock_json(dead, &host, "20250101T000000Z-dead")).unwrap();
+    let o = epifusion(&["run", &file], &[]);
+    let (_, e) = text(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("taking over the stale lock")
+            && e.contains("20250101T000000Z-dead")
+            && e.contains(&format!("pid {dead} is not running")),
+        "{e}"
+    );
+    assert!(!lock.exists());
+    consistent_manifest(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_forced_rerun_leaves_the_visible_manifest_intact() {
+    let dir = temp_dir("killforce");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let out = dir.join("out");
+    ok(&epifusion(&["run", &file], &[]));
+    let before = consistent_manifest(&out);
+
+    // kill -9 of a --force rerun after it rewrote the first analysis.
+    let mut child = spawn_paused(&["run", &file, "--force"], 60_000, &[]);
+    let lines = stderr_lines(child.stderr.take().unwrap());
+    wait_for_line(&lines, "[1/2] first: complete");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // The visible manifest is the previous run's, and all it points to is intact.
+    let after = consistent_manifest(&out);
+    assert_eq!(after, before);
+    assert!(
+        out.join("epifusion.lock").exists(),
+        "kill -9 leaves the lock"
+    );
+
+    // A plain rerun takes over the stale lock and completes: the first analysis from the killed
+    // run (complete), the second from the first run; nothing else is left.
+    let o = epifusion(&["run", &file], &[]);
+    let (stdout, e) = text(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("taking over the stale lock"), "{e}");
+    assert!(
+        stdout.contains("(0 computed, 2 skipped as complete)"),
+        "{stdout}"
+    );
+    let m = consistent_manifest(&out);
+    assert_ne!(m["run_id"], before["run_id"]);
+    assert_ne!(m["analyses"][0]["run_id"], before["analyses"][0]["run_id"]);
+    assert_eq!(m["analyses"][1]["run_id"], before["analyses"][1]["run_id"]);
+    for unit in ["first", "second"] {
+        let runs = std::fs::read_dir(out.join("analyses").join(unit))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .count();
+        assert_eq!(runs, 1, "{unit}: objects of replaced runs are removed");
+    }
+    assert!(!out.join("epifusion.lock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_read_only_output_fails_before_any_analysis_work() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = temp_dir("readonly");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // Root writes anywhere: then the run goes as `nobody`, with copies of the binary and the
+    // store that `nobody` can read (the build and the clone may be under root's home).
+    let as_root = std::fs::write(out.join("probe"), b"x").is_ok();
+    let _ = std::fs::remove_file(out.join("probe"));
+    let mut cmd = if as_root {
+        let bin = dir.join("epifusion");
+        std::fs::copy(env!("CARGO_BIN_EXE_epifusion"), &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = dir.join("store");
+        std::fs::create_dir_all(&store).unwrap();
+        for entry in std::fs::read_dir(repo("data/gibleed")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                let to = store.join(path.file_name().unwrap());
+                std::fs::copy(&path, &to).unwrap();
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["run", &file, "--omop", &store.display().to_string()])
+            .current_dir(&dir)
+            .uid(65534)
+            .gid(65534);
+        cmd
+    } else {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_epifusion"));
+        cmd.args(["run", &file])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd
+    };
+    let o = cmd.output().unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, e) = text(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("epifusion.lock") && e.contains("writable"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("building the study tables") && !e.contains("fitting"),
+        "analysis work before the output was found unwritable: {e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 1-based line of the first `needle` in `text`.
+fn line_of(text: &str, needle: &str) -> usize {
+    let at = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("`{needle}` not in the file"));
+    text[..at].matches('\n').count() + 1
+}
+
+#[test]
+fn design_settings_fail_the_dry_run_at_the_line_of_their_key() {
+    let dir = temp_dir("designs");
+    let gibleed = std::fs::read_to_string(repo("pipelines/gibleed.toml")).unwrap();
+    let store = repo("data/gibleed");
+    let out = dir.join("out").display().to_string();
+    // (what, replaced by, the key named in the error)
+    for (i, (from, to, key)) in [
+        (
+            "risk_window_end = 365",
+            "risk_window_end = -5",
+            "cohort.risk_window_end",
+        ),
+        (
+            "washout_days = 365",
+            "washout_days = -365",
+            "cohort.washout_days",
+        ),
+        ("gender = false", "gendr = false", "cohort.covariates.gendr"),
+        ("end = 30", "edn = 30", "sccs.risk_windows[0].edn"),
+        (
+            "end = 30\nend_anchor = \"era_end\"",
+            "end = -30\nend_anchor = \"era_start\"",
+            "sccs.risk_windows[0].end",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let body = gibleed.replacen(from, to, 1);
+        let name = format!("bad{i}.toml");
+        let path = dir.join(&name);
+        std::fs::write(&path, &body).unwrap();
+        let o = epifusion(
+            &[
+                "run",
+                &path.display().to_string(),
+                "--omop",
+                &store,
+                "--output",
+                &out,
+                "--dry-run",
+            ],
+            &[],
+        );
+        let (_, e) = text(&o);
+        assert!(!o.status.success(), "{to}: {e}");
+        let line = line_of(&body, to.lines().next().unwrap());
+        assert!(
+            e.contains(&format!("{name}:{line}:")) && e.contains(key),
+            "{to}: expected {name}:{line} and `{key}` in: {e}"
+        );
+    }
+    assert!(!dir.join("out").exists(), "nothing was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_report_id_without_a_coefficient_is_a_warning_in_the_output_and_the_report() {
+    let dir = temp_dir("reportid");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let body = std::fs::read_to_string(&file).unwrap().replacen(
+        "model = \"logistic\"",
+        "model = \"logistic\"\nreport = [424242]",
+        1,
+    );
+    std::fs::write(&file, &body).unwrap();
+    let line = line_of(&body, "report = [424242]");
+    let o = epifusion(&["run", &file], &[]);
+    let (stdout, e) = text(&o);
+    assert!(o.status.success(), "{e}");
+    let expected = format!("small.toml:{line}:");
+    for log in [&stdout, &e] {
+        assert!(
+            log.contains("warning") && log.contains(&expected) && log.contains("424242"),
+            "{log}"
+        );
+    }
+    let html = std::fs::read_to_string(dir.join("out/report.html")).unwrap();
+    assert!(
+        html.contains("class=\"warning\"") && html.contains("covariate 424242 is not among"),
+        "{html}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unsupported_url_schemes_and_an_empty_omop_are_clear_errors() {
+    for omop in ["ftp://example.com/cdm", "foo://", "hdfs://namenode/cdm"] {
+        for args in [
+            vec!["sql", "--omop", omop, "-c", "SELECT 1"],
+            vec!["run", "pipelines/gibleed.toml", "--omop", omop, "--dry-run"],
+        ] {
+            let o = epifusion(&args, &[]);
+            let (_, e) = text(&o);
+            assert!(!o.status.success(), "{args:?}: {e}");
+            assert!(
+                e.contains("unsupported URL scheme") && !e.contains("Internal error"),
+                "{args:?}: {e}"
+            );
+        }
+    }
+    for args in [
+        vec!["sql", "--omop", "", "-c", "SELECT 1"],
+        vec!["run", "pipelines/gibleed.toml", "--omop", "", "--dry-run"],
+    ] {
+        let started = Instant::now();
+        let o = epifusion(&args, &[]);
+        let (_, e) = text(&o);
+        assert!(!o.status.success(), "{args:?}: {e}");
+        assert!(e.contains("empty"), "{args:?}: {e}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{args:?}");
+    }
+    let o = epifusion(
+        &["run", "pipelines/gibleed.toml", "--output", "ftp://h/x"],
+        &[],
+    );
+    let (_, e) = text(&o);
+    assert!(
+        !o.status.success() && e.contains("unsupported URL scheme"),
+        "{e}"
+    );
+}
+
+/// PUT `body` at `key` in `bucket` (asked of moto directly).
+fn put_key(port: u16, bucket: &str, key: &str, body: &str) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "PUT /{bucket}/{key} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "put {key}: {resp}");
+}
+
+#[test]
+fn the_s3_output_is_locked_with_a_conditional_put() {
+    let Some(moto) = start_moto() else { return };
+    create_bucket(moto.port, "locks");
+    let env = s3_env(moto.port);
+    let dir = temp_dir("s3lock");
+    let file = small_pipeline(&dir, GOOD_SECOND);
+    let url = "s3://locks/study";
+
+    // Two runs: the second's `If-None-Match: *` PUT of the lock fails, and it stops at once.
+    let mut first = spawn_paused(&["run", &file, "--output", url], 5000, &env);
+    let lines = stderr_lines(first.stderr.take().unwrap());
+    let mut seen = wait_for_line(&lines, "[1/2] first: complete");
+    let run_id = logged_run_id(&seen);
+    assert!(list_keys(moto.port, "locks", "study/").contains(&"study/epifusion.lock".into()));
+    let second = epifusion(&["run", &file, "--output", url], &env);
+    let (_, e) = text(&second);
+    assert!(!second.status.success(), "{e}");
+    assert!(
+        e.contains("s3://locks/study/epifusion.lock")
+            && e.contains(&run_id)
+            && e.contains("delete the object"),
+        "{e}"
+    );
+    assert!(!e.contains("building the study tables"), "{e}");
+    let status = first.wait().unwrap();
+    seen.extend(lines.iter());
+    assert!(status.success(), "{}", seen.join("\n"));
+    let keys = list_keys(moto.port, "locks", "study/");
+    assert!(keys.contains(&"study/manifest.json".into()), "{keys:?}");
+    assert!(!keys.contains(&"study/epifusion.lock".into()), "{keys:?}");
+
+    // A stale lock object of this host (a killed run) is taken over with a conditional PUT.
+    let dead = dead_pid();
+    put_key(
+        moto.port,
+        "locks",
+        "study/epifusion.lock",
+        &lock_json(dead, &this_host(), "20250101T000000Z-dead"),
+    );
+    let o = epifusion(&["run", &file, "--output", url, "--force"], &env);
+    let (_, e) = text(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("taking over the stale lock") && e.contains(&format!("pid {dead}")),
+        "{e}"
+    );
+    assert!(!list_keys(moto.port, "locks", "study/").contains(&"study/epifusion.lock".into()));
+
+    // A store without conditional writes (object_store answers NotImplemented): refused unless
+    // --no-lock, which warns.
+    let mut no_conditional = env.clone();
+    no_conditional.push(("AWS_CONDITIONAL_PUT", "disabled".into()));
+    let o = epifusion(
+        &["run", &file, "--output", "s3://locks/plain"],
+        &no_conditional,
+    );
+    let (_, e) = text(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("conditional writes") && e.contains("--no-lock"),
+        "{e}"
+    );
+    assert!(list_keys(moto.port, "locks", "plain/").is_empty());
+    let o = epifusion(
+        &["run", &file, "--output", "s3://locks/plain", "--no-lock"],
+        &no_conditional,
+    );
+    let (_, e) = text(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("warning: --no-lock"), "{e}");
+    let keys = list_keys(moto.port, "locks", "plain/");
+    assert!(keys.contains(&"plain/manifest.json".into()), "{keys:?}");
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.contains("lock") || k.contains("write-check")),
+        "{keys:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

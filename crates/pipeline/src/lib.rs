@@ -5,6 +5,7 @@
 //!   fingerprints, and the checks against the OMOP store;
 //! * [`tables`]: the seam analysis → study tables (SQL today; SCCS and cohort designs, #4);
 //! * [`output`]: the output location, manifests, atomic writes;
+//! * [`lock`]: one run at a time per output location (lock file or conditional PUT);
 //! * [`run`]: the runner (dry run, resume, fits, Parquet results, manifests, report);
 //! * [`report`]: the HTML report with the SVG forest plot;
 //! * [`progress`]: progress bars on a terminal, log lines otherwise.
@@ -12,6 +13,7 @@
 //! The file format, output layout and the atomicity, resume and retry rules are in the README
 //! and in `pipelines/README.md`.
 
+pub mod lock;
 pub mod output;
 pub mod plan;
 pub mod progress;
@@ -72,6 +74,16 @@ pub enum PipelineError {
         location: String,
         /// Reason.
         message: String,
+    },
+    /// Another run holds the output location's lock.
+    #[error("output locked: {lock} is held by {holder}; {remedy}")]
+    Locked {
+        /// The lock (path or URL).
+        lock: String,
+        /// Who holds it (run id, pid, host, start time).
+        holder: String,
+        /// What to do about it.
+        remedy: String,
     },
     /// Building the tables or fitting one analysis failed.
     #[error("analysis `{analysis}`: {message}")]

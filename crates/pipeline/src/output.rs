@@ -7,7 +7,9 @@
 //! manifest.json                          the run manifest: written last, marks the run complete
 //! report.html                            copy of the latest complete run's report
 //! runs/<run_id>/report.html              the report of each complete run
-//! analyses/<id>/manifest.json            the analysis manifest: written after its objects
+//! epifusion.lock                         the lock of the running run (see `lock`)
+//! analyses/<id>/manifest.json            the unit's latest complete manifest (resume)
+//! analyses/<id>/<run_id>/manifest.json   the same, run-scoped: what run manifests point to
 //! analyses/<id>/<run_id>/estimates.parquet
 //! analyses/<id>/<run_id>/attrition.parquet
 //! analyses/<id>/<run_id>/covariate_ref.parquet
@@ -19,15 +21,20 @@
 //! staging file and renames it). Result objects go under a run-scoped folder, so a new run
 //! never overwrites the objects a complete manifest points to; the analysis manifest, written
 //! after them, is what makes an analysis complete, and records each object's size and e-tag so
-//! that a rerun can check them. Objects no manifest points to (left by failed runs or replaced
-//! by newer results) are deleted once the new manifest is written.
+//! that a rerun can check them. The unit's manifest is written twice: run-scoped
+//! (`analyses/<id>/<run_id>/manifest.json`, what run manifests point to, never rewritten) and
+//! as `analyses/<id>/manifest.json` (the latest complete result, what a rerun resumes from).
+//! Objects that the new run manifest does not point to (earlier runs' results, leftovers of
+//! failed runs) are deleted only after it is written, so that a run stopped at any point,
+//! `--force` included, leaves the visible run manifest and everything it points to intact.
+//! `epifusion.lock` at the top is the lock of the running run ([`super::lock`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
 use super::PipelineError;
@@ -110,6 +117,16 @@ impl Output {
             .fold(self.prefix.clone(), |p, part| p.join(part))
     }
 
+    /// The store path of `rel` (for conditional writes, [`super::lock`]).
+    pub(crate) fn object_path(&self, rel: &str) -> StorePath {
+        self.path(rel)
+    }
+
+    /// The store (for conditional writes, [`super::lock`]).
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
     /// `rel` as a URL or path a person can open.
     pub fn display(&self, rel: &str) -> String {
         match &self.local_dir {
@@ -135,13 +152,26 @@ impl Output {
 
     /// Read `rel`; None when it does not exist.
     pub async fn get(&self, rel: &str) -> Result<Option<bytes::Bytes>, PipelineError> {
+        Ok(self.get_versioned(rel).await?.map(|(b, _)| b))
+    }
+
+    /// Read `rel` with its version (e-tag and store version, for conditional updates); None
+    /// when it does not exist.
+    pub async fn get_versioned(
+        &self,
+        rel: &str,
+    ) -> Result<Option<(bytes::Bytes, UpdateVersion)>, PipelineError> {
         match self.store.get(&self.path(rel)).await {
             Ok(r) => {
+                let version = UpdateVersion {
+                    e_tag: r.meta.e_tag.clone(),
+                    version: r.meta.version.clone(),
+                };
                 let bytes = r
                     .bytes()
                     .await
                     .map_err(|e| store_err(&self.location, &format!("cannot read {rel}"), e))?;
-                Ok(Some(bytes))
+                Ok(Some((bytes, version)))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(store_err(&self.location, &format!("cannot read {rel}"), e)),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use datafusion::arrow::array::Array;
 use datafusion::prelude::SessionContext;
 
-use super::spec::{self, ConceptSetSpec, DesignKind, PipelineFile, Source, ROLES};
+use super::spec::{self, ConceptSetSpec, DesignKind, PathSeg, PipelineFile, Source, ROLES};
 use super::PipelineError;
 use epifusion_core::model::ModelKind;
 
@@ -191,6 +191,8 @@ pub struct Analysis {
     pub fingerprint: String,
     /// Where the analysis is written (its `name` value).
     pub span: Range<usize>,
+    /// Position of its `[[analysis]]` table in the file (for locating keys).
+    pub index: usize,
 }
 
 impl Analysis {
@@ -267,8 +269,17 @@ pub fn load(
     spec::check(&file, &source)?;
     let base = path.parent().unwrap_or(Path::new("."));
     let omop = match (omop, &file.omop) {
-        (Some(o), _) => o.to_string(),
-        (None, Some(o)) => resolve_location(o.get_ref(), base),
+        (Some(o), _) => {
+            check_location(o).map_err(|message| PipelineError::Source {
+                location: format!("`{o}` (--omop)"),
+                message,
+            })?;
+            o.to_string()
+        }
+        (None, Some(o)) => {
+            check_location(o.get_ref()).map_err(|m| source.error(o.span(), "omop", m))?;
+            resolve_location(o.get_ref(), base)
+        }
         (None, None) => {
             return Err(source.error(0..0, "omop", "no source store: set `omop` or give --omop"))
         }
@@ -279,8 +290,17 @@ pub fn load(
         _ => omop,
     };
     let output = match (output, &file.output) {
-        (Some(o), _) => o.to_string(),
-        (None, Some(o)) => resolve_location(o.get_ref(), base),
+        (Some(o), _) => {
+            check_location(o).map_err(|message| PipelineError::Output {
+                location: format!("`{o}` (--output)"),
+                message,
+            })?;
+            o.to_string()
+        }
+        (None, Some(o)) => {
+            check_location(o.get_ref()).map_err(|m| source.error(o.span(), "output", m))?;
+            resolve_location(o.get_ref(), base)
+        }
         (None, None) => {
             return Err(source.error(
                 0..0,
@@ -297,8 +317,11 @@ pub fn load(
         |n| n.get_ref().clone(),
     );
     let mut analyses = Vec::new();
-    for a in &file.analyses {
-        analyses.extend(expand(a, &file, &source, &omop)?);
+    for (index, a) in file.analyses.iter().enumerate() {
+        analyses.extend(expand(index, a, &file, &source, &omop)?);
+    }
+    for a in &analyses {
+        check_design(&source, a)?;
     }
     let mut seen = BTreeMap::new();
     for a in &analyses {
@@ -323,6 +346,7 @@ pub fn load(
 
 /// Every combination of the analysis' concept-set lists (target = comparator skipped).
 fn expand(
+    index: usize,
     a: &spec::AnalysisSpec,
     file: &PipelineFile,
     src: &Source,
@@ -419,11 +443,160 @@ fn expand(
             report: a.report.clone(),
             fingerprint: String::new(),
             span: a.name.span(),
+            index,
         };
         unit.fingerprint = fingerprint(&unit, omop);
         units.push(unit);
     }
     Ok(units)
+}
+
+/// A store location given by a person: not empty, a folder or a URL of a supported scheme.
+fn check_location(location: &str) -> Result<(), String> {
+    epifusion_sql::store::check_location(location)
+}
+
+/// A design-settings error: the path of the key at fault in the design's JSON settings, and
+/// the message.
+type SettingsError = (Vec<PathSeg>, String);
+
+/// Deserialize design settings, keeping the path of the key at fault.
+fn settings_from_json<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, SettingsError> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e
+            .path()
+            .iter()
+            .filter_map(|seg| match seg {
+                serde_path_to_error::Segment::Seq { index } => Some(PathSeg::Index(*index)),
+                serde_path_to_error::Segment::Map { key } => Some(PathSeg::Key(key.clone())),
+                serde_path_to_error::Segment::Enum { variant } => {
+                    Some(PathSeg::Key(variant.clone()))
+                }
+                serde_path_to_error::Segment::Unknown => None,
+            })
+            .collect();
+        // serde_json's position is in the generated JSON, not in the pipeline file.
+        let message = e.inner().to_string();
+        let message = message
+            .rsplit_once(" at line ")
+            .map_or(message.as_str(), |(m, _)| m)
+            .to_string();
+        (path, message)
+    })
+}
+
+/// The key path a design's `check()` message starts with (`exposures[0].risk_windows[1].end:
+/// …`, `washout_days: …`, `risk_window_end: …`), by the study module's convention that
+/// errors name the key first.
+fn leading_key_path(message: &str) -> Vec<PathSeg> {
+    let head: String = message
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']'))
+        .collect();
+    let mut path = Vec::new();
+    for part in head.split('.').filter(|p| !p.is_empty()) {
+        let mut pieces = part.split('[');
+        if let Some(k) = pieces.next().filter(|k| !k.is_empty()) {
+            path.push(PathSeg::key(k));
+        }
+        for idx in pieces {
+            if let Ok(i) = idx.trim_end_matches(']').parse() {
+                path.push(PathSeg::Index(i));
+            }
+        }
+    }
+    path
+}
+
+/// Where a key of the design's JSON settings comes from in the pipeline file: the design table
+/// (`analysis[i].cohort.…`), or, for what the unit's concept sets and model fill in, the
+/// analysis' role list or `model`. Returns (path in the file, label for messages).
+fn file_path_of(a: &Analysis, t: &toml::Table, json_path: &[PathSeg]) -> (Vec<PathSeg>, String) {
+    let table = a.design.kind().name();
+    let mut base = vec![PathSeg::key("analysis"), PathSeg::Index(a.index)];
+    let first = match json_path.first() {
+        Some(PathSeg::Key(k)) => k.as_str(),
+        _ => "",
+    };
+    let in_table = |rest: &[PathSeg]| {
+        let mut p = base.clone();
+        p.push(PathSeg::key(table));
+        p.extend(rest.iter().cloned());
+        let label = format!("{table}.{}", spec::path_label(rest));
+        (p, label)
+    };
+    let role_list = |key: &str| {
+        let mut p = base.clone();
+        p.push(PathSeg::key(key));
+        (p, key.to_string())
+    };
+    match (&a.design, first) {
+        (Design::Sccs(_), "exposures") => match json_path.get(2) {
+            Some(PathSeg::Key(k)) if super::tables::SCCS_EXPOSURE_KEYS.contains(&k.as_str()) => {
+                in_table(&json_path[2..])
+            }
+            _ => role_list("exposures"),
+        },
+        (Design::Sccs(_), "outcome") => role_list("outcomes"),
+        (Design::Cohort(_), "target") => role_list("targets"),
+        (Design::Cohort(_), "comparator") => role_list("comparators"),
+        (Design::Cohort(_), "outcome") => role_list("outcomes"),
+        (Design::Cohort(_), "competing") if !t.contains_key("competing") => role_list("competing"),
+        (Design::Cohort(_), "model") if !t.contains_key("model") => {
+            base.push(PathSeg::key("model"));
+            (base, "model".into())
+        }
+        _ => in_table(json_path),
+    }
+}
+
+/// Check a unit's design settings (`[analysis.sccs]`, `[analysis.cohort]`) as the study module
+/// will read them: unknown keys, types, and the values (negative durations, windows that end
+/// before they start, …); errors name the key and the line it is written on.
+pub fn check_design(src: &Source, a: &Analysis) -> Result<(), PipelineError> {
+    use epifusion_sql::study::{CohortDesign, SccsDesign};
+    let (t, json) = match &a.design {
+        Design::Sql(_) => return Ok(()),
+        Design::Sccs(t) => (t, super::tables::sccs_settings(a, t)),
+        Design::Cohort(t) => (t, super::tables::cohort_settings(a, t)),
+    };
+    let table = a.design.kind().name();
+    let key = |label: &str| format!("analysis `{}`: {label}", a.name);
+    let table_span = || {
+        let path = [
+            PathSeg::key("analysis"),
+            PathSeg::Index(a.index),
+            PathSeg::key(table),
+        ];
+        src.locate(&path).unwrap_or(a.span.clone())
+    };
+    let json = json.map_err(|e| src.error(table_span(), key(table), df_message(&e)))?;
+    // `check()` messages start with the key ("washout_days: days ≥ 0, got -3"): the key
+    // moves to the error's key, the rest is the message.
+    let keyed = |e: datafusion::error::DataFusionError| {
+        let message = df_message(&e);
+        let path = leading_key_path(&message);
+        let head = spec::path_label(&path);
+        let rest = message
+            .strip_prefix(head.as_str())
+            .and_then(|r| r.strip_prefix(':'))
+            .map_or(message.as_str(), str::trim)
+            .to_string();
+        (path, rest)
+    };
+    let checked = match &a.design {
+        Design::Sccs(_) => {
+            settings_from_json::<SccsDesign>(&json).and_then(|d| d.check().map_err(keyed))
+        }
+        _ => settings_from_json::<CohortDesign>(&json).and_then(|d| d.check().map_err(keyed)),
+    };
+    let Err((json_path, message)) = checked else {
+        return Ok(());
+    };
+    let (path, label) = file_path_of(a, t, &json_path);
+    let span = src.locate(&path).unwrap_or_else(table_span);
+    Err(src.error(span, key(&label), message))
 }
 
 /// Replace `{exposure}`, `{target}`, `{comparator}`, `{outcome}`, `{competing}` by the bound
@@ -745,6 +918,163 @@ mod tests {
         assert_eq!(resolve_location("/abs/x", base), "/abs/x");
         assert_eq!(resolve_location("../../x", base), "../x");
         assert_eq!(resolve_location("..", Path::new("")), "..");
+    }
+
+    const DESIGNS: &str = r#"name = "d"
+[concept_sets.cel]
+concepts = [1]
+[concept_sets.dic]
+concepts = [2]
+[concept_sets.gib]
+concepts = [3]
+
+[[analysis]]
+name = "cohort"
+design = "cohort"
+model = "cox"
+targets = ["cel"]
+comparators = ["dic"]
+outcomes = ["gib"]
+[analysis.cohort]
+washout_days = 365
+risk_window_start = 0
+start_anchor = "cohort_start"
+risk_window_end = 365
+end_anchor = "cohort_start"
+[analysis.cohort.covariates]
+gender = false
+
+[[analysis]]
+name = "sccs"
+design = "sccs"
+exposures = ["cel"]
+outcomes = ["gib"]
+[analysis.sccs]
+naive_period = 0
+[[analysis.sccs.risk_windows]]
+start = 0
+end = 30
+"#;
+
+    /// `load` of `text` (the store is not opened), as an error string.
+    fn load_text(tag: &str, text: &str) -> Result<Pipeline, String> {
+        let dir = std::env::temp_dir().join(format!("epifusion-plan-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.toml");
+        std::fs::write(&file, text).unwrap();
+        let r = load(&file, Some("/no/store"), Some("/no/output")).map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    fn design_err(tag: &str, from: &str, to: &str) -> String {
+        assert!(DESIGNS.contains(from), "{from}");
+        match load_text(tag, &DESIGNS.replacen(from, to, 1)) {
+            Ok(_) => panic!("no error for {to}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn design_settings_are_checked_at_the_line_of_their_key() {
+        load_text("ok", DESIGNS).unwrap();
+        let e = design_err("washout", "washout_days = 365", "washout_days = -365");
+        assert!(
+            e.contains("p.toml:17:") && e.contains("cohort.washout_days") && e.contains("-365"),
+            "{e}"
+        );
+        let e = design_err("rwe", "risk_window_end = 365", "risk_window_end = -5");
+        assert!(
+            e.contains("p.toml:20:") && e.contains("cohort.risk_window_end") && e.contains("-5"),
+            "{e}"
+        );
+        // An unknown key in a nested design table: its own line and name.
+        let e = design_err("gendr", "gender = false", "gendr = false");
+        assert!(
+            e.contains("p.toml:23:")
+                && e.contains("cohort.covariates.gendr")
+                && e.contains("unknown field `gendr`"),
+            "{e}"
+        );
+        let e = design_err(
+            "anchor",
+            "start_anchor = \"cohort_start\"",
+            "start_anchor = \"start\"",
+        );
+        assert!(
+            e.contains("p.toml:19:") && e.contains("cohort.start_anchor"),
+            "{e}"
+        );
+        // SCCS: the exposure keys at the top of the table, a window ending before its start.
+        let e = design_err(
+            "sccs_end",
+            "end = 30",
+            "end = -30\nend_anchor = \"era_start\"",
+        );
+        assert!(
+            e.contains("p.toml:34:") && e.contains("sccs.risk_windows[0].end"),
+            "{e}"
+        );
+        let e = design_err("sccs_unknown", "end = 30", "end = 30\nedn = 3");
+        assert!(
+            e.contains("p.toml:35:") && e.contains("sccs.risk_windows[0].edn"),
+            "{e}"
+        );
+        let e = design_err("naive", "naive_period = 0", "naive_period = -1");
+        assert!(
+            e.contains("p.toml:31:") && e.contains("sccs.naive_period"),
+            "{e}"
+        );
+        let e = design_err("sccs_key", "naive_period = 0", "naive_priod = 0");
+        assert!(
+            e.contains("p.toml:31:") && e.contains("sccs.naive_priod"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn locations_are_checked_when_loading() {
+        for (from, to, want) in [
+            (
+                "name = \"d\"",
+                "name = \"d\"\nomop = \"ftp://h/x\"",
+                "p.toml:2:",
+            ),
+            (
+                "name = \"d\"",
+                "name = \"d\"\nomop = \"/s\"\noutput = \"\"",
+                "p.toml:3:",
+            ),
+        ] {
+            let text = DESIGNS.replacen(from, to, 1);
+            let dir =
+                std::env::temp_dir().join(format!("epifusion-plan-loc-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("p.toml");
+            std::fs::write(&file, text).unwrap();
+            let e = load(&file, None, None).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let e = load_text_with("ftp://h/x", "/o").unwrap_err();
+        assert!(e.contains("unsupported URL scheme `ftp://`"), "{e}");
+        let e = load_text_with("", "/o").unwrap_err();
+        assert!(e.contains("--omop") && e.contains("empty"), "{e}");
+        let e = load_text_with("/s", "hdfs://nn/x").unwrap_err();
+        assert!(
+            e.contains("--output") && e.contains("unsupported URL scheme"),
+            "{e}"
+        );
+    }
+
+    fn load_text_with(omop: &str, output: &str) -> Result<Pipeline, String> {
+        let dir = std::env::temp_dir().join(format!("epifusion-plan-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.toml");
+        std::fs::write(&file, DESIGNS).unwrap();
+        let r = load(&file, Some(omop), Some(output)).map_err(|e| e.to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        r
     }
 
     #[test]

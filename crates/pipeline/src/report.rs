@@ -41,6 +41,8 @@ pub struct ReportAnalysis {
     pub attrition: Vec<RecordBatch>,
     /// Diagnostics table.
     pub diagnostics: Vec<RecordBatch>,
+    /// Problems found with the results (e.g. a `report` id without a coefficient).
+    pub warnings: Vec<String>,
 }
 
 /// Everything on the page.
@@ -255,12 +257,21 @@ th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: left; font-size:
 th {{ background: #eef2f6; }}
 h2 {{ border-bottom: 1px solid #ccc; }}
 .meta td:first-child {{ font-weight: bold; }}
+.warning {{ color: #8a4b00; background: #fff4e0; padding: 4px 8px; }}
 </style></head><body>
 <h1>{title}</h1>
 "#
     );
     if let Some(d) = &r.description {
         let _ = writeln!(s, "<p class=\"description\">{}</p>", escape(d));
+    }
+    let warnings: Vec<&String> = r.analyses.iter().flat_map(|a| &a.warnings).collect();
+    if !warnings.is_empty() {
+        s.push_str("<h2 id=\"warnings\">Warnings</h2>\n<ul class=\"warnings\">");
+        for w in warnings {
+            let _ = write!(s, "<li class=\"warning\">{}</li>", escape(w));
+        }
+        s.push_str("</ul>\n");
     }
     s.push_str("<h2 id=\"estimates\">Estimates</h2>\n");
     s.push_str(&forest_svg(&r.forest));
@@ -304,6 +315,9 @@ h2 {{ border-bottom: 1px solid #ccc; }}
         );
         if let Some(d) = &a.description {
             let _ = writeln!(s, "<p>{}</p>", escape(d));
+        }
+        for w in &a.warnings {
+            let _ = writeln!(s, "<p class=\"warning\">Warning: {}</p>", escape(w));
         }
         s.push_str("<h4>Attrition</h4>");
         s.push_str(&batches_table("attrition", &a.attrition));

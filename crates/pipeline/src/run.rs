@@ -5,7 +5,9 @@
 //! **Resume rule.** A unit is complete when `analyses/<id>/manifest.json` exists, says
 //! `complete`, has the unit's current fingerprint (see [`super::plan::fingerprint`]) and every
 //! object it lists is present with the recorded size and e-tag. Complete units are skipped
-//! unless `--force`. A unit whose data or fit fails is reported and the others still run; the
+//! unless `--force`, which writes new run-scoped objects: the run manifest, written last in one
+//! PUT, is the switch, and what it no longer points to is deleted only after it (see
+//! [`super::output`]). The whole run holds the output's lock ([`super::lock`]). A unit whose data or fit fails is reported and the others still run; the
 //! run is then incomplete (exit status 1, no new run manifest). A failure of the output store
 //! (after the retries of [`epifusion_sql::store::retry_config`]) stops the run at once.
 
@@ -24,6 +26,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use serde::{Deserialize, Serialize};
 
+use super::lock::OutputLock;
 use super::output::{ObjectRef, Output};
 use super::plan::{self, Analysis, Design, Pipeline};
 use super::progress::Progress;
@@ -40,6 +43,8 @@ pub struct RunOptions {
     pub dry_run: bool,
     /// Recompute complete analyses too.
     pub force: bool,
+    /// Take no lock on the output (for stores without conditional writes; see [`super::lock`]).
+    pub no_lock: bool,
 }
 
 /// The manifest of one analysis unit (`analyses/<id>/manifest.json`).
@@ -149,6 +154,10 @@ pub struct RunSummary {
     pub report: Option<String>,
     /// Where the run manifest is.
     pub manifest: Option<String>,
+    /// Warnings (also logged and, for the analyses, shown in the report).
+    pub warnings: Vec<String>,
+    /// Dry run: who holds the output's lock, when someone does.
+    pub lock: Option<String>,
 }
 
 /// Software versions recorded with the results.
@@ -208,11 +217,11 @@ fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
     }
 }
 
-/// The complete, unchanged manifest of `a`, if there is one.
+/// The complete, unchanged manifest of `a` (and its bytes), if there is one.
 async fn complete_manifest(
     out: &Output,
     a: &Analysis,
-) -> Result<Option<(AnalysisManifest, ObjectRef)>, PipelineError> {
+) -> Result<Option<(AnalysisManifest, bytes::Bytes)>, PipelineError> {
     let rel = format!("analyses/{}/manifest.json", a.id);
     let Some(bytes) = out.get(&rel).await? else {
         return Ok(None);
@@ -228,15 +237,31 @@ async fn complete_manifest(
             return Ok(None);
         }
     }
-    let size = bytes.len() as u64;
-    Ok(Some((
-        m,
-        ObjectRef {
-            path: rel,
-            size,
-            e_tag: None,
-        },
-    )))
+    Ok(Some((m, bytes)))
+}
+
+/// `analyses/<id>/<run_id>/manifest.json`: the run-scoped copy of a unit's manifest, which run
+/// manifests point to (the unit's `analyses/<id>/manifest.json` is replaced by later runs).
+fn run_manifest_path(id: &str, run_id: &str) -> String {
+    format!("analyses/{id}/{run_id}/manifest.json")
+}
+
+/// The run-scoped manifest of a complete unit, written when missing (results written by
+/// versions that kept only `analyses/<id>/manifest.json`).
+async fn run_scoped_manifest(
+    out: &Output,
+    m: &AnalysisManifest,
+    bytes: &bytes::Bytes,
+) -> Result<ObjectRef, PipelineError> {
+    let want = ObjectRef {
+        path: run_manifest_path(&m.analysis_id, &m.run_id),
+        size: bytes.len() as u64,
+        e_tag: None,
+    };
+    if out.verify(&want).await? {
+        return Ok(want);
+    }
+    out.put(&want.path, bytes.to_vec()).await
 }
 
 /// Whether the output holds results of `a` that are not complete-and-current.
@@ -266,25 +291,7 @@ pub async fn run(
                 ),
             ));
         }
-        // The design settings are checked (unknown keys, wrong types) before any work starts.
-        let checked = match &a.design {
-            Design::Sccs(t) => tables::sccs_settings(a, t)
-                .and_then(|j| epifusion_sql::study::SccsDesign::from_json(&j).map(|_| ())),
-            Design::Cohort(t) => tables::cohort_settings(a, t)
-                .and_then(|j| epifusion_sql::study::CohortDesign::from_json(&j).map(|_| ())),
-            Design::Sql(_) => Ok(()),
-        };
-        if let Err(e) = checked {
-            return Err(p.source.error(
-                a.span.clone(),
-                format!(
-                    "analysis `{}`: [analysis.{}]",
-                    a.name,
-                    a.design.kind().name()
-                ),
-                e.to_string(),
-            ));
-        }
+        // The design settings were checked when the file was loaded (plan::check_design).
     }
     progress.step(&format!("opening the OMOP store {}", p.omop));
     let ctx = new_session(&SessionOptions {
@@ -294,17 +301,35 @@ pub async fn run(
     .await
     .map_err(|e| PipelineError::Source {
         location: p.omop.clone(),
-        message: e.to_string(),
+        message: e
+            .to_string()
+            .trim_start_matches("Error during planning: ")
+            .to_string(),
     })?;
     progress.step("checking tables, concepts and queries");
     plan::check_store(&ctx, p).await?;
     let out = Output::open(&p.output, opts.dry_run)?;
 
-    let mut done: Vec<Option<(AnalysisManifest, ObjectRef)>> = Vec::new();
-    for a in &p.analyses {
-        done.push(complete_manifest(&out, a).await?);
-    }
     if opts.dry_run {
+        let mut done = Vec::new();
+        for a in &p.analyses {
+            done.push(complete_manifest(&out, a).await?);
+        }
+        let lock = OutputLock::read(&out)
+            .await
+            .ok()
+            .flatten()
+            .map(|(held, _)| match held.stale_reason() {
+                Some(reason) => format!(
+                    "{} holds a stale lock ({reason}); a run takes it over",
+                    held.holder()
+                ),
+                None => format!(
+                    "{} holds the lock {}; a run now would stop",
+                    held.holder(),
+                    out.display(super::lock::LOCK_NAME)
+                ),
+            });
         let mut plan_rows = Vec::new();
         for (a, d) in p.analyses.iter().zip(&done) {
             let stale = d.is_none() && has_stale_results(&out, a).await?;
@@ -327,11 +352,53 @@ pub async fn run(
         progress.finish();
         return Ok(RunSummary {
             plan: plan_rows,
+            lock,
             ..Default::default()
         });
     }
 
+    // The lock, before any analysis work (taking it also shows that the output is writable);
+    // released at the end whatever happens (a killed run leaves it stale: see `lock`).
     let run = run_id(started);
+    let lock = OutputLock::acquire(&out, &run, &p.source.name, opts.no_lock, progress).await?;
+    let result = run_locked(&ctx, p, opts, progress, &out, &lock, &run, started, clock).await;
+    let display = lock.display.clone();
+    match (lock.release(&out).await, result) {
+        (Ok(()), result) => result,
+        (Err(e), Ok(mut summary)) => {
+            let w = format!("the lock {display} was not removed ({e}); remove it by hand");
+            progress.log(&format!("warning: {w}"));
+            summary.warnings.push(w);
+            Ok(summary)
+        }
+        (Err(e), Err(run_error)) => {
+            progress.log(&format!(
+                "warning: the lock {display} was not removed ({e}); the next run on this host \
+                 takes it over, elsewhere remove it by hand"
+            ));
+            Err(run_error)
+        }
+    }
+}
+
+/// The run proper, under the output's lock.
+#[allow(clippy::too_many_arguments)]
+async fn run_locked(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    opts: RunOptions,
+    progress: &Progress,
+    out: &Output,
+    lock: &OutputLock,
+    run: &str,
+    started: SystemTime,
+    clock: Instant,
+) -> Result<RunSummary, PipelineError> {
+    let mut done = Vec::new();
+    for a in &p.analyses {
+        done.push(complete_manifest(out, a).await?);
+    }
+    let run = run.to_string();
     let n = p.analyses.len();
     let mut summary = RunSummary {
         run_id: run.clone(),
@@ -348,7 +415,8 @@ pub async fn run(
     ));
     for (i, (a, d)) in p.analyses.iter().zip(done).enumerate() {
         let tag = format!("[{}/{n}] {}", i + 1, a.id);
-        if let (Some((m, mref)), false) = (d, opts.force) {
+        if let (Some((m, bytes)), false) = (d, opts.force) {
+            let mref = run_scoped_manifest(out, &m, &bytes).await?;
             progress.log(&format!("{tag}: skipped (complete, run {})", m.run_id));
             entries.push(RunEntry {
                 id: a.id.clone(),
@@ -360,7 +428,7 @@ pub async fn run(
             progress.advance();
             continue;
         }
-        match run_unit(&ctx, p, a, &out, &run, &tag, progress).await {
+        match run_unit(ctx, p, a, out, &run, &tag, progress).await {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -428,15 +496,53 @@ pub async fn run(
             e_tag: None,
         },
     };
-    let html = report::render(&build_report(p, &out, &manifest).await?);
+    let report = build_report(p, out, &manifest).await?;
+    for w in report.analyses.iter().flat_map(|a| &a.warnings) {
+        progress.log(&format!("warning: {w}"));
+        summary.warnings.push(w.clone());
+    }
+    let html = report::render(&report);
     let report_rel = format!("runs/{run}/report.html");
     manifest.report = out.put(&report_rel, html.clone().into_bytes()).await?;
+    // The switch: the new run manifest replaces the old one in one PUT, and only if this run
+    // still holds the lock. Until here, nothing the old manifest points to was touched.
+    lock.check_held(out).await?;
     out.put_json("manifest.json", &manifest).await?;
     out.put("report.html", html.into_bytes()).await?;
+    collect_garbage(out, p, &manifest, progress).await;
     progress.finish();
     summary.report = Some(out.display(&report_rel));
     summary.manifest = Some(out.display("manifest.json"));
     Ok(summary)
+}
+
+/// Delete, under each unit's folder, what the new run manifest does not point to: results of
+/// earlier runs and leftovers of failed or killed ones. Only after the new run manifest is in
+/// place, so that a run stopped at any point leaves the previous manifest's objects intact.
+/// Failures are warnings (the results are complete; the next run tries again).
+async fn collect_garbage(out: &Output, p: &Pipeline, manifest: &RunManifest, progress: &Progress) {
+    for (a, entry) in p.analyses.iter().zip(&manifest.analyses) {
+        let m = match out.get_json::<AnalysisManifest>(&entry.manifest.path).await {
+            Ok(Some(m)) => m,
+            _ => continue,
+        };
+        let mut keep: std::collections::BTreeSet<String> =
+            m.objects.values().map(|o| o.path.clone()).collect();
+        keep.insert(entry.manifest.path.clone());
+        keep.insert(format!("analyses/{}/manifest.json", a.id));
+        let all = match out.list(&format!("analyses/{}/", a.id)).await {
+            Ok(all) => all,
+            Err(e) => {
+                progress.log(&format!("warning: {e}"));
+                continue;
+            }
+        };
+        for path in all.iter().filter(|path| !keep.contains(*path)) {
+            if let Err(e) = out.delete(path).await {
+                progress.log(&format!("warning: {e}"));
+            }
+        }
+    }
 }
 
 /// Outcome rows and covariate entries of a SQL unit (dry run).
@@ -580,19 +686,14 @@ async fn run_unit(
             "seconds": t0.elapsed().as_secs_f64(),
         }),
     };
-    let rel = format!("analyses/{}/manifest.json", a.id);
-    let mref = out.put_json(&rel, &manifest).await?;
-    // Objects no manifest points to any more: earlier results, leftovers of failed runs.
-    let keep: Vec<&str> = manifest.objects.values().map(|o| o.path.as_str()).collect();
-    if let Ok(all) = out.list(&format!("analyses/{}/", a.id)).await {
-        for path in all {
-            if path != rel && !keep.contains(&path.as_str()) {
-                if let Err(e) = out.delete(&path).await {
-                    progress.log(&format!("{tag}: warning: {e}"));
-                }
-            }
-        }
-    }
+    // The run-scoped manifest (what run manifests point to), then the unit's manifest (what the
+    // next run resumes from). Earlier results stay until a run manifest no longer needs them.
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| analysis_err(a, e))?;
+    let mref = out
+        .put(&run_manifest_path(&a.id, run), bytes.clone())
+        .await?;
+    out.put(&format!("analyses/{}/manifest.json", a.id), bytes)
+        .await?;
     Ok((manifest, mref))
 }
 
@@ -892,6 +993,7 @@ async fn build_report(
         report
             .forest
             .extend(forest_rows(a, &estimates).map_err(|e| analysis_err(a, e))?);
+        let warnings = report_warnings(p, a, &estimates).map_err(|e| analysis_err(a, e))?;
         report.analyses.push(ReportAnalysis {
             id: a.id.clone(),
             description: a.description.clone(),
@@ -909,6 +1011,7 @@ async fn build_report(
             },
             attrition: read("attrition").await?,
             diagnostics: read("diagnostics").await?,
+            warnings,
         });
     }
     let computed = run.analyses.iter().filter(|e| !e.skipped).count();
@@ -940,6 +1043,63 @@ async fn build_report(
             .push((format!("options of {}", a.id), a.fit_options.to_string()));
     }
     Ok(report)
+}
+
+/// The `report` ids for which the unit's fit has no coefficient (a typo, or an id that this
+/// design does not produce). Which ids a fit produces depends on the data (baseline
+/// covariates, `stratify_by_id`, SQL designs), so this is known only after the fit: a warning
+/// in the run's output and in the report, naming the file and line of `report`.
+fn report_warnings(p: &Pipeline, a: &Analysis, estimates: &[RecordBatch]) -> DfResult<Vec<String>> {
+    let Some(wanted) = &a.report else {
+        return Ok(Vec::new());
+    };
+    let mut fitted = std::collections::BTreeSet::new();
+    for b in estimates {
+        let Some(ids) = b.column_by_name("covariate_id") else {
+            continue;
+        };
+        let ids = cast(ids, &DataType::Int64)?;
+        let ids = ids.as_primitive::<Int64Type>();
+        fitted.extend(
+            (0..ids.len())
+                .filter(|&i| !ids.is_null(i))
+                .map(|i| ids.value(i)),
+        );
+    }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|id| !fitted.contains(*id))
+        .map(i64::to_string)
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut have: Vec<String> = fitted.iter().take(12).map(i64::to_string).collect();
+    if fitted.len() > 12 {
+        have.push("…".into());
+    }
+    let (line, column) = p
+        .source
+        .line_col(p.source.key_span(&a.span, "report").start);
+    Ok(vec![format!(
+        "{}:{line}:{column}: analysis `{}`: report: {} {} not among the coefficients of {} ({}); \
+         nothing is plotted for {}",
+        p.source.name,
+        a.name,
+        if missing.len() == 1 {
+            "covariate"
+        } else {
+            "covariates"
+        },
+        missing.join(", ") + if missing.len() == 1 { " is" } else { " are" },
+        a.id,
+        if have.is_empty() {
+            "none".into()
+        } else {
+            have.join(", ")
+        },
+        if missing.len() == 1 { "it" } else { "them" },
+    )])
 }
 
 /// Forest-plot rows of a unit: the covariates listed in `report`, else the unpenalized ones.

@@ -125,6 +125,71 @@ impl Source {
     }
 }
 
+/// A step of a path into the TOML document (`analysis[0].cohort.washout_days` is
+/// `[Key("analysis"), Index(0), Key("cohort"), Key("washout_days")]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    /// A table key.
+    Key(String),
+    /// An array index (also of an array of tables, `[[…]]`).
+    Index(usize),
+}
+
+impl PathSeg {
+    /// A key step.
+    pub fn key(k: &str) -> Self {
+        PathSeg::Key(k.to_string())
+    }
+}
+
+/// `a.b[0].c` for a path.
+pub fn path_label(path: &[PathSeg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            PathSeg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            PathSeg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+impl Source {
+    /// Where the value at `path` is written: the span of its key (of the element, for an array
+    /// index). A path that goes further than the file (a key left at its default) gives the
+    /// deepest part that is written; None when not even its first step is.
+    pub fn locate(&self, path: &[PathSeg]) -> Option<Range<usize>> {
+        use toml::de::{DeTable, DeValue};
+        fn find<'a, 'i>(t: &'a DeTable<'i>, k: &str) -> Option<(Range<usize>, &'a DeValue<'i>)> {
+            t.iter()
+                .find(|(key, _)| key.get_ref().as_ref() == k)
+                .map(|(key, v)| (key.span(), v.get_ref()))
+        }
+        let doc = DeTable::parse(&self.text).ok()?;
+        let mut found = None;
+        let mut current: Option<&DeValue<'_>> = None;
+        for seg in path {
+            let next = match (seg, current) {
+                (PathSeg::Key(k), None) => find(doc.get_ref(), k),
+                (PathSeg::Key(k), Some(DeValue::Table(t))) => find(t, k),
+                (PathSeg::Index(i), Some(DeValue::Array(a))) => {
+                    a.get(*i).map(|v| (v.span(), v.get_ref()))
+                }
+                _ => None,
+            };
+            let Some((span, value)) = next else { break };
+            found = Some(span);
+            current = Some(value);
+        }
+        found
+    }
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -691,6 +756,62 @@ ci = "wald"
             n += 1;
         }
         assert!(n >= 3);
+    }
+
+    #[test]
+    fn paths_are_located_at_their_key() {
+        let s = src("name = \"t\"\n[[analysis]]\nname = \"a\"\n[analysis.cohort]\nwashout_days = 3\n[analysis.cohort.covariates]\ngendr = true\n[[analysis]]\nname = \"b\"\n[[analysis.sccs.risk_windows]]\nend = 1\n[[analysis.sccs.risk_windows]]\nstart = 2\n");
+        let line = |path: &[PathSeg]| s.locate(path).map(|r| s.line_col(r.start).0);
+        let k = PathSeg::key;
+        use PathSeg::Index;
+        assert_eq!(
+            line(&[k("analysis"), Index(0), k("cohort"), k("washout_days")]),
+            Some(5)
+        );
+        assert_eq!(
+            line(&[
+                k("analysis"),
+                Index(0),
+                k("cohort"),
+                k("covariates"),
+                k("gendr")
+            ]),
+            Some(7)
+        );
+        assert_eq!(
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(1),
+                k("start")
+            ]),
+            Some(13)
+        );
+        // A key left at its default: the deepest written part.
+        assert_eq!(
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(0),
+                k("start")
+            ]),
+            line(&[
+                k("analysis"),
+                Index(1),
+                k("sccs"),
+                k("risk_windows"),
+                Index(0)
+            ])
+        );
+        assert_eq!(line(&[k("nothing")]), None);
+        assert_eq!(
+            path_label(&[k("sccs"), k("risk_windows"), Index(0), k("end")]),
+            "sccs.risk_windows[0].end"
+        );
     }
 
     #[test]

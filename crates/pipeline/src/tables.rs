@@ -115,17 +115,21 @@ fn settings(a: &Analysis, t: &toml::Table) -> DfResult<Map<String, Value>> {
     }
 }
 
+/// Keys of an SCCS exposure that `[analysis.sccs]` may hold at its top; they apply to the
+/// unit's exposure (`exposures[0]` of the design).
+pub const SCCS_EXPOSURE_KEYS: &[&str] = &[
+    "risk_windows",
+    "stratify_by_id",
+    "first_occurrence_only",
+    "label",
+    "id",
+];
+
 /// `SccsDesign` settings (JSON) of unit `a`.
 pub fn sccs_settings(a: &Analysis, t: &toml::Table) -> DfResult<String> {
     let mut d = settings(a, t)?;
     let mut exposure = concept_set(a, "exposure")?;
-    for k in [
-        "risk_windows",
-        "stratify_by_id",
-        "first_occurrence_only",
-        "label",
-        "id",
-    ] {
+    for &k in SCCS_EXPOSURE_KEYS {
         if let Some(v) = d.remove(k) {
             exposure[k] = v;
         }

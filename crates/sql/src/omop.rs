@@ -259,6 +259,9 @@ pub struct FoundTable {
 
 /// List the CDM tables in `location` (a local folder or an object-store URL).
 pub async fn discover(ctx: &SessionContext, location: &str) -> DfResult<Vec<FoundTable>> {
+    if let Err(e) = crate::store::check_location(location) {
+        return plan_err!("OMOP store `{location}`: {e}");
+    }
     let dir = if location.ends_with('/') {
         location.to_string()
     } else {

@@ -58,6 +58,28 @@ pub fn retry_config() -> RetryConfig {
     }
 }
 
+/// URL schemes of the stores above (and `file://`).
+pub const URL_SCHEMES: &[&str] = &[
+    "file", "s3", "s3a", "gs", "az", "abfs", "abfss", "azure", "http", "https",
+];
+
+/// Check a store location given by a person before it is used: not empty, and a folder or a
+/// URL with one of [`URL_SCHEMES`]. Err is the message (the caller names the location).
+pub fn check_location(location: &str) -> Result<(), String> {
+    if location.trim().is_empty() {
+        return Err("the location is empty: give a folder or a URL".into());
+    }
+    if let Some((scheme, _)) = location.split_once("://") {
+        if !URL_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "unsupported URL scheme `{scheme}://` (use a folder, or a file://, s3://, gs://, \
+                 az:// or http(s):// URL)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Build the object store for `url` from the environment (`None` for local paths).
 pub fn store_from_env(url: &Url) -> DfResult<Option<Arc<dyn ObjectStore>>> {
     let bucket = url.host_str().unwrap_or_default();
@@ -138,5 +160,30 @@ impl ObjectStoreRegistry for EnvObjectStoreRegistry {
             }
             None => self.inner.get_store(url),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_are_checked_before_use() {
+        for ok in [
+            "data/gibleed",
+            "/abs",
+            "file:///x",
+            "s3://b/p",
+            "HTTPS://h/x",
+            "az://c",
+        ] {
+            assert_eq!(check_location(ok), Ok(()), "{ok}");
+        }
+        for bad in ["ftp://h/x", "foo://", "hdfs://nn/p"] {
+            let e = check_location(bad).unwrap_err();
+            assert!(e.contains("unsupported URL scheme"), "{bad}: {e}");
+        }
+        assert!(check_location("").unwrap_err().contains("empty"));
+        assert!(check_location("  ").unwrap_err().contains("empty"));
     }
 }

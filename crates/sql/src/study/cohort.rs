@@ -251,7 +251,15 @@ impl CohortDesign {
             }
         }
         if self.start_anchor == self.end_anchor && self.risk_window_end < self.risk_window_start {
-            return plan_err!("risk_window_end before risk_window_start");
+            return plan_err!(
+                "risk_window_end: {} is before risk_window_start {} (both anchored at the {})",
+                self.risk_window_end,
+                self.risk_window_start,
+                match self.end_anchor {
+                    CohortAnchor::CohortStart => "cohort start",
+                    CohortAnchor::CohortEnd => "cohort end",
+                }
+            );
         }
         if self.covariates.end_days < -self.covariates.lookback_days {
             return plan_err!("covariates.end_days: before the lookback window starts");

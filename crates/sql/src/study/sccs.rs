@@ -262,9 +262,14 @@ impl SccsDesign {
             for (w, rw) in e.risk_windows.iter().enumerate() {
                 if rw.start_anchor == rw.end_anchor && rw.end < rw.start {
                     return plan_err!(
-                        "exposures[{i}].risk_windows[{w}]: end ({}) before start ({})",
+                        "exposures[{i}].risk_windows[{w}].end: {} is before start {} (both \
+                         anchored at the {})",
                         rw.end,
-                        rw.start
+                        rw.start,
+                        match rw.end_anchor {
+                            Anchor::EraStart => "era start",
+                            Anchor::EraEnd => "era end",
+                        }
                     );
                 }
             }
@@ -288,6 +293,9 @@ impl SccsDesign {
         let end = self.study_end()?;
         if end < start {
             return plan_err!("study_end_date before study_start_date");
+        }
+        if let Some(a) = self.age_group_starts.iter().find(|&&a| a < 0) {
+            return plan_err!("age_group_starts: ages in days ≥ 0, got {a}");
         }
         if self.age_group_starts.windows(2).any(|w| w[1] <= w[0]) {
             return plan_err!("age_group_starts: strictly increasing ages in days");
