@@ -510,79 +510,16 @@ impl Controls<'_> {
 }
 
 /// Brent's root finder (Brent 1973, `zeroin`) on `[a, b]` with `f(a)`, `f(b)` of opposite signs
-/// (or one of them zero). Converges to within `4·ε·|x| + abs_tol`.
-fn brent_root(
-    f: impl Fn(f64) -> f64,
-    mut a: f64,
-    mut b: f64,
-    mut fa: f64,
-    mut fb: f64,
-    abs_tol: f64,
-) -> f64 {
+/// (or one of them zero). Converges to within `4·ε·|x| + abs_tol`; NaN when `f` turns NaN.
+/// The one implementation is [`crate::model::inference`]'s.
+fn brent_root(f: impl Fn(f64) -> f64, a: f64, b: f64, fa: f64, fb: f64, abs_tol: f64) -> f64 {
     if fa == 0.0 {
         return a;
     }
-    if fb == 0.0 {
-        return b;
-    }
-    let (mut c, mut fc) = (a, fa);
-    let mut d = b - a;
-    let mut e = d;
-    for _ in 0..500 {
-        if (fb > 0.0) == (fc > 0.0) {
-            c = a;
-            fc = fa;
-            d = b - a;
-            e = d;
-        }
-        if fc.abs() < fb.abs() {
-            a = b;
-            b = c;
-            c = a;
-            fa = fb;
-            fb = fc;
-            fc = fa;
-        }
-        let tol = 2.0 * f64::EPSILON * b.abs() + 0.5 * abs_tol;
-        let m = 0.5 * (c - b);
-        if m.abs() <= tol || fb == 0.0 {
-            return b;
-        }
-        if e.abs() >= tol && fa.abs() > fb.abs() {
-            // Inverse quadratic interpolation, or the secant step when only two points differ.
-            let s = fb / fa;
-            let (mut p, mut q) = if a == c {
-                (2.0 * m * s, 1.0 - s)
-            } else {
-                let qq = fa / fc;
-                let r = fb / fc;
-                (
-                    s * (2.0 * m * qq * (qq - r) - (b - a) * (r - 1.0)),
-                    (qq - 1.0) * (r - 1.0) * (s - 1.0),
-                )
-            };
-            if p > 0.0 {
-                q = -q;
-            } else {
-                p = -p;
-            }
-            if 2.0 * p < (3.0 * m * q - (tol * q).abs()).min((e * q).abs()) {
-                e = d;
-                d = p / q;
-            } else {
-                d = m;
-                e = m;
-            }
-        } else {
-            d = m;
-            e = m;
-        }
-        a = b;
-        fa = fb;
-        b += if d.abs() > tol { d } else { tol.copysign(m) };
-        fb = f(b);
-    }
-    b
+    crate::model::inference::brent(a, fa, b, fb, abs_tol, 500, |x| Ok(f(x)))
+        .ok()
+        .flatten()
+        .unwrap_or(f64::NAN)
 }
 
 /// Golden-section search for the maximum of `f` on `[a, b]` (the fallback when the profile

@@ -446,8 +446,9 @@ fn profile_bound(
     Ok((root, evaluations))
 }
 
-/// Brent's root finder on [a, b] with f(a)·f(b) ≤ 0. Returns `None` if f turns NaN.
-fn brent(
+/// Brent's root finder on [a, b] with f(a)·f(b) ≤ 0, to within `4·ε·|x| + tol`. Returns `None`
+/// if f turns NaN.
+pub(crate) fn brent(
     mut a: f64,
     mut fa: f64,
     mut b: f64,
