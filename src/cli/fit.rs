@@ -227,7 +227,9 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
         }
         None => convert::read_wide(&a.outcomes, &read)?,
     };
-    let design = builder.build()?;
+    let design = builder
+        .build()
+        .map_err(|e| e.hint_unknown_rows("pass --drop-unknown-rows to drop them"))?;
     let load_seconds = started.elapsed().as_secs_f64();
     for note in report.notes(design.dropped_unknown) {
         eprintln!("note: {note}");

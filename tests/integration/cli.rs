@@ -265,3 +265,59 @@ fn cv_bootstrap_and_profiles_from_the_command_line() {
     assert!(stderr(&o).contains("--cv"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Unknown covariate row ids: the CLI's advice names its own flag, and the flag works.
+#[test]
+fn unknown_row_ids_advise_the_cli_flag() {
+    let dir = temp_dir("unknown-rows");
+    let out = write(&dir, "o.csv", "row_id,y\n1,1\n2,0\n3,1\n4,0\n");
+    let cov = write(&dir, "c.csv", "row_id,covariate_id\n1,7\n3,7\n4,7\n99,7\n");
+    let args = [
+        "fit",
+        "--model",
+        "logistic",
+        "--outcomes",
+        &out,
+        "--covariates",
+        &cov,
+    ];
+    let o = epifusion(&args);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("1 entries refer to row ids with no outcome row (first: row_id 99); pass --drop-unknown-rows"),
+        "{err}"
+    );
+    let mut args = args.to_vec();
+    args.push("--drop-unknown-rows");
+    let o = epifusion(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1"), "{}", stderr(&o));
+}
+
+/// A covariate id equal to the intercept's marker is rejected, naming the row.
+#[test]
+fn intercept_marker_is_not_a_covariate_id() {
+    let dir = temp_dir("intercept-id");
+    let out = write(&dir, "o.csv", "row_id,y\n1,1\n2,0\n");
+    let cov = write(
+        &dir,
+        "c.csv",
+        "row_id,covariate_id\n2,-9223372036854775808\n",
+    );
+    let o = epifusion(&[
+        "fit",
+        "--model",
+        "logistic",
+        "--outcomes",
+        &out,
+        "--covariates",
+        &cov,
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("row_id 2") && err.contains("is reserved (it marks the intercept)"),
+        "{err}"
+    );
+}

@@ -42,7 +42,7 @@ pub enum Error {
         row_id: i64,
     },
     /// A covariate refers to a row id with no outcome row.
-    #[error("covariates: {count} entries refer to row ids with no outcome row (first: row_id {first_row_id}); set `drop_unknown_rows` to drop them")]
+    #[error("covariates: {count} entries refer to row ids with no outcome row (first: row_id {first_row_id})")]
     UnknownRow {
         /// Number of covariate entries with an unknown row id.
         count: usize,
@@ -78,6 +78,15 @@ pub enum Error {
     /// Arrow / Parquet decoding failed.
     #[error("data format error: {0}")]
     Format(String),
+    /// An error with advice for the surface it reached (the CLI's flag, SQL's option, …).
+    #[error("{source}; {hint}")]
+    Hinted {
+        /// The error.
+        #[source]
+        source: Box<Error>,
+        /// What the user can do about it, in the words of their surface.
+        hint: String,
+    },
     /// Device (GPU) problem.
     #[error("device error: {0}")]
     Device(String),
@@ -97,6 +106,17 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Add advice for the user's surface to an [`Error::UnknownRow`] (other errors pass).
+    pub fn hint_unknown_rows(self, hint: impl Into<String>) -> Self {
+        match self {
+            e @ Error::UnknownRow { .. } => Error::Hinted {
+                source: Box::new(e),
+                hint: hint.into(),
+            },
+            e => e,
+        }
+    }
+
     /// Shorthand for [`Error::BadOption`].
     pub fn option(option: impl Into<String>, message: impl Into<String>) -> Self {
         Error::BadOption {

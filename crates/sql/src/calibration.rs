@@ -38,7 +38,9 @@ use epifusion_core::calibration::{
     EmpiricalNull,
 };
 
-use crate::fit_table::{string_args, table_sql, BatchProducer, IntoDfResult, OneBatchExec};
+use crate::fit_table::{
+    check_table_arg, string_args, table_sql, BatchProducer, IntoDfResult, OneBatchExec,
+};
 use crate::planning::{check_read_only, plan_sql};
 
 /// `empirical_null(negatives)`.
@@ -79,6 +81,7 @@ impl TableFunctionImpl for EmpiricalNullFunction {
                 strings.len()
             );
         }
+        check_table_arg("empirical_null", 1, &strings[0])?;
         Ok(Arc::new(CalibrationTable {
             name: "empirical_null",
             estimates: None,
@@ -99,6 +102,8 @@ impl TableFunctionImpl for CalibrateEstimatesFunction {
                 strings.len()
             );
         }
+        check_table_arg("calibrate_estimates", 1, &strings[0])?;
+        check_table_arg("calibrate_estimates", 2, &strings[1])?;
         let estimates = table_sql(&strings[0]);
         // The output has the estimates' columns: plan the query now for its schema.
         let input = input_schema(args.session(), &estimates)?;

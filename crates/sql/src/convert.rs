@@ -15,6 +15,7 @@
 //! | outcomes | `time` | yes when [`ReadOptions::require_time`] | number |
 //! | outcomes | `y` | yes | number |
 //! | outcomes | `weight`, `start_time`, `offset`, `censor_weight` | no | number |
+//! | outcomes | `cluster_id` | no (NULL: a cluster of its own) | id |
 //! | covariates | `row_id`, `covariate_id` | yes | id |
 //! | covariates | `covariate_value` | no (default 1) | number |
 //!
@@ -28,7 +29,7 @@
 //! ones listed in [`ReadOptions::covariate_columns`]) are covariates with ids 1, 2, … in column
 //! order, named by their column. Row ids are the `row_id` column when there is one, else the
 //! 1-based row numbers. Rows with a NULL in any used column are dropped and counted (like R's
-//! `na.omit`).
+//! `na.omit`); a NULL `cluster_id` is not dropped: the row is a cluster of its own.
 //!
 //! **Event coding**: with [`ReadOptions::event_value`] = v, y becomes 1 where the y column
 //! equals v and 0 elsewhere (R's `lung` codes `status` 1 = censored, 2 = dead: use v = 2).
@@ -143,9 +144,10 @@ enum Role {
     StartTime,
     Offset,
     CensorWeight,
+    ClusterId,
 }
 
-const ROLES: [Role; 8] = [
+const ROLES: [Role; 9] = [
     Role::RowId,
     Role::StratumId,
     Role::Time,
@@ -154,6 +156,7 @@ const ROLES: [Role; 8] = [
     Role::StartTime,
     Role::Offset,
     Role::CensorWeight,
+    Role::ClusterId,
 ];
 
 impl Role {
@@ -167,6 +170,7 @@ impl Role {
             Role::StartTime => "start_time",
             Role::Offset => "offset",
             Role::CensorWeight => "censor_weight",
+            Role::ClusterId => "cluster_id",
         }
     }
 }
@@ -494,6 +498,7 @@ fn opt_i64(a: &Int64Array, i: usize) -> Option<i64> {
 struct OutcomeArrays {
     row_id: Option<Int64Array>,
     stratum_id: Option<Int64Array>,
+    cluster_id: Option<Int64Array>,
     time: Option<Float64Array>,
     y: Option<Float64Array>,
     weight: Option<Float64Array>,
@@ -520,15 +525,15 @@ impl OutcomeArrays {
             let arr = batch.column(*idx);
             let req = required.contains(role);
             match role {
-                Role::RowId | Role::StratumId => {
+                Role::RowId | Role::StratumId | Role::ClusterId => {
                     let a = ids(arr, &ctx)?;
                     if req {
                         no_nulls(&a, &ctx)?;
                     }
-                    if *role == Role::RowId {
-                        out.row_id = Some(a);
-                    } else {
-                        out.stratum_id = Some(a);
+                    match role {
+                        Role::RowId => out.row_id = Some(a),
+                        Role::StratumId => out.stratum_id = Some(a),
+                        _ => out.cluster_id = Some(a),
                     }
                 }
                 _ => {
@@ -581,6 +586,7 @@ impl OutcomeArrays {
             start_time: of(&self.start_time),
             offset: of(&self.offset),
             censor_weight: of(&self.censor_weight),
+            cluster_id: self.cluster_id.as_ref().and_then(|a| opt_i64(a, i)),
         }
     }
 }

@@ -113,6 +113,11 @@ struct DesignCall {
 
 fn parse_call(args: &[String]) -> DfResult<DesignCall> {
     let usage = "outcomes [, covariates], options with \"name\"";
+    for (i, a) in args.iter().enumerate() {
+        if !a.trim_start().starts_with('{') {
+            crate::fit_table::check_table_arg("design_matrix", i + 1, a)?;
+        }
+    }
     let Some(opts) = args.last().filter(|a| a.trim_start().starts_with('{')) else {
         return plan_err!(
             "design_matrix: the last argument must be the options JSON with a \"name\" ({usage})"

@@ -100,6 +100,29 @@ pub fn table_sql(arg: &str) -> String {
     }
 }
 
+/// Check that a table argument (`position` is 1-based) is a table name or a query, not an
+/// empty string or a JSON value that is not an object (options must be a JSON object).
+pub fn check_table_arg(function: &str, position: usize, arg: &str) -> DfResult<()> {
+    let t = arg.trim();
+    if t.is_empty() {
+        return plan_err!(
+            "{function}: argument {position} is empty; expected a table name, a query or an \
+             options JSON object"
+        );
+    }
+    let json_scalar = matches!(t.to_ascii_lowercase().as_str(), "null" | "true" | "false")
+        || t.starts_with('[')
+        || t.starts_with('"')
+        || t.parse::<f64>().is_ok();
+    if json_scalar {
+        return plan_err!(
+            "{function}: argument {position} ({t}) is neither a table name nor a query; \
+             options must be a JSON object, e.g. '{{\"prior\": \"laplace\"}}'"
+        );
+    }
+    Ok(())
+}
+
 /// Extract string literal arguments, with clear arity and type errors.
 pub fn string_args(function: &str, exprs: &[Expr], usage: &str) -> DfResult<Vec<String>> {
     if exprs.is_empty() || exprs.len() > 3 {
@@ -144,6 +167,11 @@ pub struct FitCall {
 
 /// Parse `outcomes [, covariates] [, options]`.
 pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfResult<FitCall> {
+    for (i, a) in args.iter().enumerate() {
+        if !a.trim_start().starts_with('{') {
+            check_table_arg(function, i + 1, a)?;
+        }
+    }
     let (tables, options): (Vec<&String>, Vec<&String>) =
         args.iter().partition(|a| !a.trim_start().starts_with('{'));
     if options.len() > 1 {
@@ -364,7 +392,13 @@ impl CollectedInputs {
             )?,
             None => convert::read_wide_from(outcomes, read)?,
         };
-        let x = builder.build()?;
+        let x = builder.build().map_err(|e| {
+            e.hint_unknown_rows(
+                "keep only covariate rows whose row_id is in the outcomes (e.g. `WHERE row_id IN \
+                 (SELECT row_id FROM …)`), or build the matrix with design_matrix(…, \
+                 '{\"name\": …, \"drop_unknown_rows\": true}')",
+            )
+        })?;
         let notes = report.notes(x.dropped_unknown);
         Ok((x, notes))
     }

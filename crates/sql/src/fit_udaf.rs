@@ -11,7 +11,15 @@
 //! Arguments, one input row per outcome row of the long format:
 //! `stratum_id` (BIGINT, NULL when unstratified), `time` (DOUBLE), `y` (DOUBLE),
 //! `covariate_ids` (LIST of BIGINT), optionally `covariate_values` (LIST of DOUBLE, same length;
-//! default all 1), optionally `options` (a constant JSON string, see [`crate::options`]).
+//! default all 1), optionally `cluster_id` (BIGINT: rows of one cluster for `"se": "robust"`;
+//! NULL: a cluster of its own), optionally `options` (a constant JSON string, see
+//! [`crate::options`]). Optional arguments are told apart by type (list, integer, text).
+//!
+//! NULLs follow the table functions' rule: a NULL `y`, or a NULL `time` for a model that needs
+//! time (SCCS, Cox, Fine–Gray, Poisson), is an error naming the row (by its values: aggregate
+//! input rows have no stable number); for the other models `time` is not used. A NULL
+//! `covariate_ids` is a row without covariates. Errors about a row's values name the row by
+//! its `stratum_id`, `time` and `y`.
 //!
 //! The result is a list of structs, one per coefficient: `covariate_id`, `estimate`,
 //! `std_error`, `ci_lower`, `ci_upper`, `log_likelihood`, `iterations`, `status`. A group whose
@@ -42,6 +50,7 @@ use crate::options::parse_fit_options;
 use epifusion_core::fit::{fit_owned, FitOptions};
 use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
 use epifusion_core::model::ModelKind;
+use epifusion_core::Error;
 
 /// Fields of one coefficient in the result list: the result table's columns
 /// ([`crate::convert::result_schema`]), all nullable (a failed group has only a `status`).
@@ -80,13 +89,25 @@ impl FitAggregate {
     }
 }
 
-const USAGE: &str = "stratum_id, time, y, covariate_ids [, covariate_values] [, options]";
+const USAGE: &str =
+    "stratum_id, time, y, covariate_ids [, covariate_values] [, cluster_id] [, options]";
 
 /// Which optional arguments are present, from the argument types.
-fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
-    if types.len() < 4 || types.len() > 6 {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    /// Argument 5 is `covariate_values`.
+    has_values: bool,
+    /// Position of `cluster_id`, if given.
+    cluster: Option<usize>,
+    /// The last argument is the options document.
+    has_options: bool,
+}
+
+/// Which optional arguments are present, from the argument types.
+fn layout(name: &str, types: &[DataType]) -> DfResult<Layout> {
+    if types.len() < 4 || types.len() > 7 {
         return plan_err!(
-            "{name} takes 4 to 6 arguments ({USAGE}), got {}",
+            "{name} takes 4 to 7 arguments ({USAGE}), got {}",
             types.len()
         );
     }
@@ -99,9 +120,20 @@ fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
         )
     };
     let has_options = is_text(&types[types.len() - 1]);
-    let has_values = types.len() - usize::from(has_options) == 5;
-    if types.len() - usize::from(has_options) > 5 {
+    let data_args = types.len() - usize::from(has_options);
+    let has_values = data_args >= 5 && is_list(&types[4]);
+    let cluster = (data_args > 4 + usize::from(has_values)).then_some(4 + usize::from(has_values));
+    if data_args > 4 + usize::from(has_values) + usize::from(cluster.is_some()) {
         return plan_err!("{name}: too many arguments ({USAGE})");
+    }
+    if let Some(c) = cluster {
+        if !(types[c].is_integer() || types[c] == DataType::Null) {
+            return plan_err!(
+                "{name}: argument {} (cluster_id) must be an integer id, got {} ({USAGE})",
+                c + 1,
+                types[c]
+            );
+        }
     }
     for (i, t) in types.iter().enumerate().take(3) {
         if !(t.is_numeric() || *t == DataType::Null) {
@@ -120,7 +152,11 @@ fn layout(name: &str, types: &[DataType]) -> DfResult<(bool, bool)> {
             types[4]
         );
     }
-    Ok((has_values, has_options))
+    Ok(Layout {
+        has_values,
+        cluster,
+        has_options,
+    })
 }
 
 impl AggregateUDFImpl for FitAggregate {
@@ -147,8 +183,8 @@ impl AggregateUDFImpl for FitAggregate {
             .iter()
             .map(|e| e.data_type(args.schema))
             .collect::<DfResult<_>>()?;
-        let (has_values, has_options) = layout(self.name, &types)?;
-        let options_json = if has_options {
+        let layout = layout(self.name, &types)?;
+        let options_json = if layout.has_options {
             let expr = &args.exprs[args.exprs.len() - 1];
             match expr.downcast_ref::<Literal>().map(|l| l.value()) {
                 Some(
@@ -179,7 +215,7 @@ impl AggregateUDFImpl for FitAggregate {
         Ok(Box::new(FitAccumulator {
             model: self.model,
             options,
-            has_values,
+            layout,
             rows: Vec::new(),
         }))
     }
@@ -200,6 +236,7 @@ impl AggregateUDFImpl for FitAggregate {
             list("y", DataType::Float64),
             list("covariate_ids", inner_i),
             list("covariate_values", inner_f),
+            list("cluster_id", DataType::Int64),
         ])
     }
 }
@@ -208,17 +245,32 @@ impl AggregateUDFImpl for FitAggregate {
 #[derive(Debug, Clone, PartialEq)]
 struct Row {
     stratum: Option<i64>,
-    time: f64,
+    /// NULL for models that do not use time.
+    time: Option<f64>,
     y: f64,
     ids: Vec<i64>,
     values: Vec<f64>,
+    cluster: Option<i64>,
+}
+
+impl Row {
+    /// How errors name the row: aggregate input rows have no stable number.
+    fn describe(&self) -> String {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "NULL".into());
+        format!(
+            "the input row with stratum_id {}, time {}, y {}",
+            opt(self.stratum.map(|s| s.to_string())),
+            opt(self.time.map(|t| t.to_string())),
+            self.y
+        )
+    }
 }
 
 #[derive(Debug)]
 struct FitAccumulator {
     model: ModelKind,
     options: FitOptions,
-    has_values: bool,
+    layout: Layout,
     rows: Vec<Row>,
 }
 
@@ -245,6 +297,7 @@ fn list_f64(a: &ArrayRef) -> DfResult<ListArray> {
 }
 
 impl FitAccumulator {
+    #[allow(clippy::too_many_arguments)]
     fn push_rows(
         &mut self,
         strata: &Int64Array,
@@ -252,11 +305,33 @@ impl FitAccumulator {
         y: &Float64Array,
         ids: &ListArray,
         values: Option<&ListArray>,
+        clusters: Option<&Int64Array>,
     ) -> DfResult<()> {
+        let needs_time = self.model.needs_time();
         for i in 0..time.len() {
+            let stratum = (!strata.is_null(i)).then(|| strata.value(i));
+            let row_time = (!time.is_null(i)).then(|| time.value(i));
+            let describe = || {
+                format!(
+                    "stratum_id {}, time {}",
+                    stratum.map_or("NULL".into(), |s| s.to_string()),
+                    row_time.map_or("NULL".into(), |t| t.to_string())
+                )
+            };
             if y.is_null(i) {
                 return exec_err!(
-                    "y is NULL in an input row of the {} aggregate",
+                    "{}_fit_agg: y is NULL in the input row with {}; filter or COALESCE it",
+                    self.model.name(),
+                    describe()
+                );
+            }
+            if needs_time && row_time.is_none() {
+                return exec_err!(
+                    "{}_fit_agg: time is NULL in the input row with {}, y {}; the {} model \
+                     needs a time for every row (filter or COALESCE it)",
+                    self.model.name(),
+                    describe(),
+                    y.value(i),
                     self.model.name()
                 );
             }
@@ -266,7 +341,12 @@ impl FitAccumulator {
                 let v = ids.value(i);
                 let v = v.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
                 if v.null_count() > 0 {
-                    return exec_err!("covariate_ids contains NULL in an input row");
+                    return exec_err!(
+                        "{}_fit_agg: covariate_ids contains NULL in the input row with {}, y {}",
+                        self.model.name(),
+                        describe(),
+                        y.value(i)
+                    );
                 }
                 v.values().to_vec()
             };
@@ -276,24 +356,35 @@ impl FitAccumulator {
                     let v = v.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
                     if v.len() != id_list.len() {
                         return exec_err!(
-                            "covariate_values has {} entries but covariate_ids has {} in an input row",
+                            "{}_fit_agg: covariate_values has {} entries but covariate_ids has {} \
+                             in the input row with {}, y {}",
+                            self.model.name(),
                             v.len(),
-                            id_list.len()
+                            id_list.len(),
+                            describe(),
+                            y.value(i)
                         );
                     }
                     if v.null_count() > 0 {
-                        return exec_err!("covariate_values contains NULL in an input row");
+                        return exec_err!(
+                            "{}_fit_agg: covariate_values contains NULL in the input row with {}, \
+                             y {}",
+                            self.model.name(),
+                            describe(),
+                            y.value(i)
+                        );
                     }
                     v.values().to_vec()
                 }
                 _ => vec![1.0; id_list.len()],
             };
             self.rows.push(Row {
-                stratum: (!strata.is_null(i)).then(|| strata.value(i)),
-                time: if time.is_null(i) { 1.0 } else { time.value(i) },
+                stratum,
+                time: if needs_time { row_time } else { None },
                 y: y.value(i),
                 ids: id_list,
                 values: value_list,
+                cluster: clusters.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
             });
         }
         Ok(())
@@ -308,7 +399,7 @@ impl FitAccumulator {
         rows.sort_by(|a, b| {
             a.stratum
                 .cmp(&b.stratum)
-                .then(a.time.total_cmp(&b.time))
+                .then(a.time.unwrap_or(1.0).total_cmp(&b.time.unwrap_or(1.0)))
                 .then(a.y.total_cmp(&b.y))
                 .then(a.ids.cmp(&b.ids))
                 .then_with(|| {
@@ -319,22 +410,55 @@ impl FitAccumulator {
                         .find(|o| o.is_ne())
                         .unwrap_or(std::cmp::Ordering::Equal)
                 })
+                .then(a.cluster.cmp(&b.cluster))
         });
         let mut b = DesignBuilder::new();
         for (k, r) in rows.iter().enumerate() {
             b.push_outcome(OutcomeRecord {
                 row_id: k as i64,
                 stratum_id: r.stratum,
-                time: Some(r.time),
+                time: r.time,
                 y: r.y,
+                cluster_id: r.cluster,
                 ..Default::default()
             });
             for (&id, &v) in r.ids.iter().zip(&r.values) {
                 b.push_covariate(k as i64, id, v);
             }
         }
+        // Row ids here are positions in the canonical order, which mean nothing to the user:
+        // errors about a row name it by its values instead.
+        let name_row = |e: Error| match e {
+            Error::BadValue {
+                row,
+                column,
+                message,
+                ..
+            } => Error::BadColumn {
+                message: match rows.get(row) {
+                    Some(r) => format!("{}: {message}", r.describe()),
+                    None => message,
+                },
+                column,
+            },
+            Error::DuplicateCovariate {
+                row_id,
+                covariate_id,
+            } => Error::BadColumn {
+                column: "covariate_ids".into(),
+                message: match rows.get(row_id as usize) {
+                    Some(r) => format!(
+                        "{} lists covariate_id {covariate_id} more than once",
+                        r.describe()
+                    ),
+                    None => format!("a row lists covariate_id {covariate_id} more than once"),
+                },
+            },
+            e => e,
+        };
+        let x = b.build().map_err(name_row)?;
         let _ = model;
-        fit_owned(b.build()?, options)
+        fit_owned(x, options).map_err(name_row)
     }
 }
 
@@ -352,12 +476,16 @@ impl Accumulator for FitAccumulator {
         let time = as_f64(&values[1])?;
         let y = as_f64(&values[2])?;
         let ids = list_i64(&values[3])?;
-        let vals = if self.has_values {
+        let vals = if self.layout.has_values {
             Some(list_f64(&values[4])?)
         } else {
             None
         };
-        self.push_rows(&strata, &time, &y, &ids, vals.as_ref())
+        let clusters = match self.layout.cluster {
+            Some(c) => Some(as_i64(&values[c])?),
+            None => None,
+        };
+        self.push_rows(&strata, &time, &y, &ids, vals.as_ref(), clusters.as_ref())
     }
 
     fn evaluate(&mut self) -> DfResult<ScalarValue> {
@@ -411,9 +539,11 @@ impl Accumulator for FitAccumulator {
         let mut y = ListBuilder::new(Float64Builder::new());
         let mut ids = ListBuilder::new(ListBuilder::new(Int64Builder::new()));
         let mut vals = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
+        let mut clusters = ListBuilder::new(Int64Builder::new());
         for r in &self.rows {
             strata.values().append_option(r.stratum);
-            time.values().append_value(r.time);
+            time.values().append_option(r.time);
+            clusters.values().append_option(r.cluster);
             y.values().append_value(r.y);
             ids.values().values().append_slice(&r.ids);
             ids.values().append(true);
@@ -425,22 +555,25 @@ impl Accumulator for FitAccumulator {
         y.append(true);
         ids.append(true);
         vals.append(true);
+        clusters.append(true);
         Ok(vec![
             ScalarValue::List(Arc::new(strata.finish())),
             ScalarValue::List(Arc::new(time.finish())),
             ScalarValue::List(Arc::new(y.finish())),
             ScalarValue::List(Arc::new(ids.finish())),
             ScalarValue::List(Arc::new(vals.finish())),
+            ScalarValue::List(Arc::new(clusters.finish())),
         ])
     }
 
     fn merge_batch(&mut self, states: &[ArrayRef]) -> DfResult<()> {
-        let (s, t, yv, i, v) = (
+        let (s, t, yv, i, v, c) = (
             states[0].as_list::<i32>(),
             states[1].as_list::<i32>(),
             states[2].as_list::<i32>(),
             states[3].as_list::<i32>(),
             states[4].as_list::<i32>(),
+            states[5].as_list::<i32>(),
         );
         for k in 0..s.len() {
             if s.is_null(k) {
@@ -451,7 +584,8 @@ impl Accumulator for FitAccumulator {
             let y = as_f64(&yv.value(k))?;
             let ids = list_i64(&i.value(k))?;
             let vals = list_f64(&v.value(k))?;
-            self.push_rows(&strata, &time, &y, &ids, Some(&vals))?;
+            let clusters = as_i64(&c.value(k))?;
+            self.push_rows(&strata, &time, &y, &ids, Some(&vals), Some(&clusters))?;
         }
         Ok(())
     }

@@ -445,6 +445,10 @@ pub struct OutcomeRecord {
     pub offset: Option<f64>,
     /// Supplied censoring weight (Fine–Gray).
     pub censor_weight: Option<f64>,
+    /// Cluster id for robust variances (`coxph(..., cluster = )`). Rows without one are
+    /// clusters of their own (every stratum, for SCCS and conditional logistic regression,
+    /// when no row has one).
+    pub cluster_id: Option<i64>,
 }
 
 /// Accumulates the long format and builds a [`DesignMatrix`].
@@ -500,6 +504,9 @@ struct OutcomeColumns {
     start_time: OptionalColumn<f64>,
     offset: OptionalColumn<f64>,
     censor_weight: OptionalColumn<f64>,
+    /// Dense cluster index (in order of first appearance); rows without one get `u32::MAX`.
+    cluster: OptionalColumn<u32>,
+    cluster_index: HashMap<i64, u32>,
 }
 
 /// An optional outcome field: materialized (with `default` for earlier rows) once a row has it.
@@ -710,6 +717,11 @@ impl DesignBuilder {
         o.start_time.push(i, rec.start_time, 0.0);
         o.offset.push(i, rec.offset, 0.0);
         o.censor_weight.push(i, rec.censor_weight, 1.0);
+        let cluster = rec.cluster_id.map(|id| {
+            let next = o.cluster_index.len() as u32;
+            *o.cluster_index.entry(id).or_insert(next)
+        });
+        o.cluster.push(i, cluster, u32::MAX);
     }
 
     /// Row index of `row_id` among the outcomes pushed so far.
@@ -728,6 +740,21 @@ impl DesignBuilder {
     }
 
     fn add_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
+        if covariate_id == INTERCEPT_ID {
+            if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
+                let e = Error::BadValue {
+                    row: row as usize,
+                    row_id,
+                    column: "covariate_id".into(),
+                    message: format!(
+                        "covariate id {INTERCEPT_ID} is reserved (it marks the intercept); \
+                         renumber this covariate"
+                    ),
+                };
+                self.first_non_finite = Some((seq, e));
+            }
+            return;
+        }
         if !value.is_finite() {
             if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
                 let e = Error::BadValue {
@@ -854,7 +881,20 @@ impl DesignBuilder {
             weight: o.weight.values,
             offset: o.offset.values,
             censor_weight: o.censor_weight.values,
-            cluster: None,
+            cluster: o.cluster.values.map(|c| {
+                // Rows without a cluster id are clusters of their own.
+                let mut next = o.cluster_index.len() as i64;
+                c.into_iter()
+                    .map(|k| {
+                        if k == u32::MAX {
+                            next += 1;
+                            next - 1
+                        } else {
+                            i64::from(k)
+                        }
+                    })
+                    .collect()
+            }),
             row_id: o.row_id,
         };
 
