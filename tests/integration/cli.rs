@@ -292,7 +292,11 @@ fn unknown_row_ids_advise_the_cli_flag() {
     args.push("--drop-unknown-rows");
     let o = epifusion(&args);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("1"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("dropped 1 covariate entries with unknown row ids"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A covariate id equal to the intercept's marker is rejected, naming the row.

@@ -185,6 +185,7 @@ impl Survival {
                 start_time: self.start.as_ref().map(|s| s[i]),
                 offset: None,
                 censor_weight: self.censor_weight.as_ref().map(|c| c[i]),
+                cluster_id: None,
             });
             for (j, col) in self.covariates.iter().enumerate() {
                 b.push_covariate(i as i64 + 1, j as i64 + 1, col[i]);

@@ -1788,6 +1788,7 @@ pub mod test_support {
                 }),
                 offset: spec.offset.then(|| 0.3 * rng.unif() - 0.15),
                 censor_weight: None,
+                cluster_id: None,
             });
             for j in 0..spec.p {
                 if rng.unif() < 0.45 {
