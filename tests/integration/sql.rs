@@ -334,3 +334,52 @@ fn interactive_shell_reads_statements_from_stdin() {
     assert!(stdout.contains("42"), "{stdout}");
     assert!(stderr.contains("no_such_table"), "{stderr}");
 }
+
+/// A corrupt Parquet file in a store: the error names the table and its file, whether the
+/// footer (at registration) or a data page (at query time) is broken.
+#[test]
+fn corrupt_parquet_in_a_store_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("epifusion-corrupt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/synthea27nj");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        if e.path().extension().is_some_and(|x| x == "parquet") {
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+    }
+    let person = dir.join("person.parquet");
+    let good = std::fs::read(&person).unwrap();
+    let store = dir.display().to_string();
+    let query = "SELECT count(*), sum(year_of_birth) FROM person";
+
+    // The intact store works.
+    ok(&epifusion(&["sql", "--omop", &store, "-c", query], &[]));
+
+    // A truncated file: its footer is gone.
+    std::fs::write(&person, &good[..300]).unwrap();
+    let out = epifusion(&["sql", "--omop", &store, "-c", query], &[]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("reading person ({})", person.display())),
+        "{err}"
+    );
+
+    // Overwritten data pages: the footer is intact, reading the column fails.
+    let mut bad = good.clone();
+    let end = bad.len().saturating_sub(2000).min(4000);
+    for b in &mut bad[200..end] {
+        *b = 0x55;
+    }
+    std::fs::write(&person, &bad).unwrap();
+    let out = epifusion(&["sql", "--omop", &store, "-c", query], &[]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("reading person ({})", person.display())),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

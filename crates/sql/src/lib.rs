@@ -15,6 +15,7 @@ pub mod design_table;
 pub mod docs;
 pub mod fit_table;
 pub mod fit_udaf;
+pub mod named_source;
 pub mod omop;
 pub mod options;
 pub mod planning;

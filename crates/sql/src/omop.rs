@@ -16,6 +16,7 @@
 //! added as typed NULLs, so queries written for either version run.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
@@ -329,12 +330,14 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
     let raw = format!("__raw_{}", t.name);
     let _ = ctx.deregister_table(&raw)?;
     let _ = ctx.deregister_table(&t.name)?;
-    if t.format == "parquet" {
+    // Errors name the table and its file (the readers' own messages do not).
+    let label = format!("{} ({})", t.name, t.url);
+    let registered = if t.format == "parquet" {
         let opts = ParquetReadOptions {
             file_extension: &t.extension,
             ..Default::default()
         };
-        ctx.register_parquet(&raw, &t.url, opts).await?;
+        ctx.register_parquet(&raw, &t.url, opts).await
     } else {
         ctx.register_csv(
             &raw,
@@ -344,7 +347,14 @@ pub async fn register_table(ctx: &SessionContext, t: &FoundTable) -> DfResult<()
                 .file_extension(&t.extension)
                 .schema_infer_max_records(100_000),
         )
-        .await?;
+        .await
+    };
+    registered.map_err(|e| crate::named_source::with_source(&label, e))?;
+    if let Some(provider) = ctx.deregister_table(&raw)? {
+        ctx.register_table(
+            &raw,
+            Arc::new(crate::named_source::NamedSource::new(provider, label)),
+        )?;
     }
     let schema = ctx.table(&raw).await?.schema().clone();
     let mut select = Vec::new();
