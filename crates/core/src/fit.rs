@@ -49,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
 use crate::model::ccd::{self, CcdOptions, Convergence, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
+use crate::model::degenerate::{self, ColumnFacts};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
 use crate::model::prior::{Prior, PriorSet};
@@ -373,17 +374,12 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     with_threads(opts, || {
         let started = Instant::now();
         let device = opts.device.resolve(opts.model, design)?;
-        let mut shape = Shape::of(design);
+        degenerate::check_information(opts.model, design)?;
+        let mut shape = Shape::of(design, opts.model, |id| unpenalized_id(opts, id));
         let mut cols = design.column_source();
         if opts.model.has_intercept() && !design.has_intercept() {
             cols = cols.prepend(Column::intercept(design.n_rows()));
-            shape.labels.insert(
-                0,
-                ColumnLabel {
-                    id: INTERCEPT_ID,
-                    name: "(Intercept)".into(),
-                },
-            );
+            shape.prepend_intercept();
         }
         shape.check_exclude(opts)?;
         let problem = problem_of(design, opts);
@@ -432,7 +428,8 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         if opts.model.has_intercept() && !design.has_intercept() {
             design = design.with_intercept();
         }
-        let shape = Shape::of(&design);
+        degenerate::check_information(opts.model, &design)?;
+        let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
         shape.check_exclude(opts)?;
         let mut lik = crate::backend::cpu::likelihood_owned(
             opts.model,
@@ -514,20 +511,41 @@ fn with_threads<T: Send>(opts: &FitOptions, f: impl FnOnce() -> Result<T> + Send
     }
 }
 
+/// Whether covariate `id` is unpenalized under `opts` (the intercept, `exclude`, no prior).
+fn unpenalized_id(opts: &FitOptions, id: i64) -> bool {
+    id == INTERCEPT_ID || opts.prior == Prior::None || opts.exclude.contains(&id)
+}
+
 /// What a fit result needs of the design once the likelihood is built.
 struct Shape {
     labels: Vec<ColumnLabel>,
+    /// Scales and structural findings of the unpenalized columns ([`degenerate::column_facts`]).
+    facts: Vec<ColumnFacts>,
     n_rows: usize,
     n_strata: usize,
 }
 
 impl Shape {
-    fn of(x: &DesignMatrix) -> Self {
+    /// The shape of `x`, examining the columns whose id passes `unpenalized`.
+    fn of(x: &DesignMatrix, kind: ModelKind, unpenalized: impl Fn(i64) -> bool) -> Self {
         Shape {
             labels: x.column_labels(),
+            facts: degenerate::column_facts(kind, x, unpenalized),
             n_rows: x.n_rows(),
             n_strata: x.n_strata(),
         }
+    }
+
+    /// An intercept column in front (the likelihood has one that `x` lacks).
+    fn prepend_intercept(&mut self) {
+        self.labels.insert(
+            0,
+            ColumnLabel {
+                id: INTERCEPT_ID,
+                name: "(Intercept)".into(),
+            },
+        );
+        self.facts.insert(0, ColumnFacts::intercept());
     }
 
     fn check_exclude(&self, opts: &FitOptions) -> Result<()> {
@@ -575,7 +593,19 @@ pub fn fit_likelihood(
     opts: &FitOptions,
     started: Instant,
 ) -> Result<FitResult> {
-    fit_shape(lik, &Shape::of(x), priors, opts, started, Some(x), false)
+    degenerate::check_information(opts.model, x)?;
+    let labels = x.column_labels();
+    let extra = usize::from(lik.n_coef() > labels.len());
+    let mut shape = Shape::of(x, opts.model, |id| {
+        labels
+            .iter()
+            .position(|l| l.id == id)
+            .is_some_and(|j| priors.is_unpenalized(j + extra))
+    });
+    if lik.n_coef() == labels.len() + 1 && !x.has_intercept() {
+        shape.prepend_intercept();
+    }
+    fit_shape(lik, &shape, priors, opts, started, Some(x), false)
 }
 
 fn fit_shape(
@@ -590,7 +620,23 @@ fn fit_shape(
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
     let mut gpu_stats = None;
-    let r = match design.filter(|_| gpu) {
+    let mut notes = Vec::new();
+    // Aliased and constant unpenalized columns are held at 0 ([`degenerate`]).
+    let unpenalized_all: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    let aliases = degenerate::find_aliased(lik, &unpenalized_all, &x.facts);
+    let mut fixed = vec![false; p];
+    for a in &aliases {
+        fixed[a.j] = true;
+        notes.push(degenerate::alias_note(a, &x.labels, opts.model));
+    }
+    let any_fixed = !aliases.is_empty();
+    if gpu && any_fixed {
+        notes.push(
+            "the optimization ran on the CPU: the device path cannot hold aliased columns at 0"
+                .into(),
+        );
+    }
+    let mut r = match design.filter(|_| gpu && !any_fixed) {
         // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
         Some(design) => {
             // The device runs coordinate descent alone. Under the optimality rule it stops at
@@ -624,10 +670,38 @@ fn fit_shape(
                 r
             }
         }
-        None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
+        None => ccd::fit(
+            lik,
+            priors,
+            &beta0,
+            any_fixed.then_some(&fixed[..]),
+            &opts.ccd,
+        )?,
     };
     let fit_seconds = r.seconds;
-    let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    // Coefficients with no finite estimate ([`degenerate::diverging`]).
+    if matches!(r.status, FitStatus::Converged | FitStatus::MaxIterations) {
+        let free: Vec<usize> = unpenalized_all
+            .iter()
+            .copied()
+            .filter(|&j| !fixed[j])
+            .collect();
+        let scale: Vec<f64> = x.facts.iter().map(|f| f.scale).collect();
+        let diverged = degenerate::diverging(lik, priors, &r.beta, &free, &scale);
+        if !diverged.is_empty() {
+            r.status = FitStatus::NoFiniteMle;
+            notes.push(degenerate::diverging_note(&diverged, &r.beta, &x.labels));
+            for j in diverged {
+                fixed[j] = true;
+            }
+        }
+    }
+    // Standard errors and intervals: the free unpenalized coefficients with a finite estimate.
+    let unpenalized: Vec<usize> = unpenalized_all
+        .iter()
+        .copied()
+        .filter(|&j| !fixed[j])
+        .collect();
     let mut se_model = vec![None; p];
     let mut se_robust = vec![None; p];
     let mut lower = vec![None; p];
@@ -688,7 +762,7 @@ fn fit_shape(
                 format!("covariate id {id} is not a column of the design matrix"),
             )
         })?;
-        if !chosen.contains(&j) {
+        if !chosen.contains(&j) && !fixed[j] {
             chosen.push(j);
         }
     }
@@ -713,6 +787,7 @@ fn fit_shape(
                 objective,
                 j,
                 se_model[j],
+                &fixed,
                 opts,
             )?);
         }
@@ -770,7 +845,7 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
-        notes: Vec::new(),
+        notes,
         gpu: gpu_stats,
         prior: Prior::None,
         cv: None,
@@ -804,7 +879,9 @@ fn gpu_then_host(
 
 /// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the
 /// fit's own optimum; without it (`profile.include_penalty = false`, penalized j), a refit
-/// with j unpenalized gives the optimum of the profiled function.
+/// with j unpenalized gives the optimum of the profiled function. Coefficients with `fixed`
+/// (aliased ones, those with no finite estimate) stay where they are in every refit.
+#[allow(clippy::too_many_arguments)]
 fn profile_target(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
@@ -812,8 +889,14 @@ fn profile_target(
     objective: f64,
     j: usize,
     se: Option<f64>,
+    fixed: &[bool],
     opts: &FitOptions,
 ) -> Result<ProfileTarget> {
+    let fixed = if fixed.iter().any(|&f| f) {
+        fixed.to_vec()
+    } else {
+        Vec::new()
+    };
     if priors.is_unpenalized(j) || opts.profile.include_penalty {
         return Ok(ProfileTarget {
             j,
@@ -821,13 +904,15 @@ fn profile_target(
             priors: priors.clone(),
             beta: beta.to_vec(),
             objective,
+            fixed,
         });
     }
     let mut own = priors.clone();
     own.per_coef[j] = Prior::None;
     let mut tight = opts.ccd.clone();
     tight.tolerance = (opts.ccd.tolerance * 1e-3).max(1e-13);
-    let r = ccd::fit(lik, &own, beta, None, &tight)?;
+    let mask = (!fixed.is_empty()).then_some(&fixed[..]);
+    let r = ccd::fit(lik, &own, beta, mask, &tight)?;
     if r.status == FitStatus::IllConditioned {
         return Err(Error::FitFailed(format!(
             "profile of coefficient {j}: the refit without its penalty is ill-conditioned"
@@ -839,5 +924,6 @@ fn profile_target(
         priors: own,
         objective: r.log_likelihood + r.log_prior,
         beta: r.beta,
+        fixed,
     })
 }

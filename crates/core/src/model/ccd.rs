@@ -54,7 +54,9 @@
 //!
 //! A fit that cannot meet its rule reports [`FitStatus::MaxIterations`] (also when the Newton
 //! block stalls: no step length increases f), never `Converged`; non-finite values report
-//! [`FitStatus::IllConditioned`].
+//! [`FitStatus::IllConditioned`]. The fit API ([`crate::fit`]) then checks the unpenalized
+//! coefficients for estimates that are not finite (separation, monotone likelihood) and reports
+//! [`FitStatus::NoFiniteMle`] for them ([`crate::model::degenerate`]).
 //!
 //! **The classic rules** (`objective`, `gradient`) run coordinate descent alone on every free
 //! coefficient, exactly as before the optimality rule existed (drivers without a Newton block —
@@ -104,6 +106,12 @@ pub enum FitStatus {
     MaxIterations,
     /// NaN/∞ persisted through every retry.
     IllConditioned,
+    /// The optimizer stopped, but some unpenalized coefficient has no finite maximum-likelihood
+    /// estimate: the likelihood keeps increasing as it goes to ±∞ (separation in logistic
+    /// regression, monotone likelihood in Cox / Fine–Gray, an all-zero outcome). Set by the fit
+    /// API after the optimization ([`crate::model::degenerate`]); the result's notes name the
+    /// coefficients.
+    NoFiniteMle,
 }
 
 impl FitStatus {
@@ -113,6 +121,7 @@ impl FitStatus {
             FitStatus::Converged => "converged",
             FitStatus::MaxIterations => "max_iterations",
             FitStatus::IllConditioned => "ill_conditioned",
+            FitStatus::NoFiniteMle => "no_finite_mle",
         }
     }
 }
