@@ -399,6 +399,9 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             device,
             Some(design),
         )?;
+        if let Some(c) = &cv {
+            r.notes.extend(cv_notes(c));
+        }
         r.cv = cv;
         drop(lik);
         bootstrap_into(&mut r, &problem, opts)?;
@@ -492,8 +495,57 @@ fn bootstrap_into(r: &mut FitResult, problem: &Problem<'_>, opts: &FitOptions) -
             c.ci_upper = Some(s.upper);
         }
     }
+    r.notes.extend(bootstrap_notes(&b, bopts.replicates));
     r.bootstrap = Some(b);
     Ok(())
+}
+
+/// Notes on folds that cross-validation skipped or scored 0.
+fn cv_notes(c: &CvResult) -> Vec<String> {
+    let total = c.folds * c.repetitions;
+    let mut notes = Vec::new();
+    if !c.skipped.is_empty() {
+        notes.push(format!(
+            "cv: {} of {total} folds skipped ({})",
+            c.skipped.len(),
+            c.skipped.join("; ")
+        ));
+    }
+    if c.empty_test_folds > 0 {
+        notes.push(format!(
+            "cv: {} of {total} folds have no event in the held-out set (held-out log-likelihood 0)",
+            c.empty_test_folds
+        ));
+    }
+    notes
+}
+
+/// Notes on replicates that the bootstrap left out, and a warning for too few replicates.
+fn bootstrap_notes(b: &BootstrapResult, requested: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    if b.skipped > 0 {
+        notes.push(format!(
+            "bootstrap: {} of {requested} replicates skipped (the resample carries no \
+             information: {})",
+            b.skipped,
+            b.skip_reason.as_deref().unwrap_or("no events")
+        ));
+    }
+    if b.failed > 0 {
+        notes.push(format!(
+            "bootstrap: {} of {requested} replicates failed (ill-conditioned fit) and were left out",
+            b.failed
+        ));
+    }
+    if b.replicates < bootstrap::MIN_REPLICATES {
+        notes.push(format!(
+            "bootstrap: only {} replicates in the summaries (fewer than {}): standard errors \
+             and percentile intervals are unreliable; use more replicates",
+            b.replicates,
+            bootstrap::MIN_REPLICATES
+        ));
+    }
+    notes
 }
 
 /// Run `f` on a pool of `opts.threads` threads (after checking the options).
