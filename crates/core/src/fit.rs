@@ -742,6 +742,7 @@ fn fit_shape(
         let diverged = degenerate::diverging(lik, priors, &r.beta, &free, &scale);
         if !diverged.is_empty() {
             r.status = FitStatus::NoFiniteMle;
+            r.log_likelihood = degenerate::pull_back(lik, priors, &mut r.beta, &diverged);
             notes.push(degenerate::diverging_note(&diverged, &r.beta, &x.labels));
             for j in diverged {
                 fixed[j] = true;

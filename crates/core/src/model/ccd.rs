@@ -603,7 +603,17 @@ fn optimality_attempt(
                 obj: &mut obj,
             };
             match newton.step(lik, priors, &cols, at, tol) {
-                NewtonStep::IllConditioned => return ill(beta, iterations, trace),
+                NewtonStep::IllConditioned if trace.is_empty() => {
+                    return ill(beta, iterations, trace)
+                }
+                NewtonStep::IllConditioned => {
+                    // The objective is finite at β (an accepted point) but its derivatives
+                    // overflow there: a coefficient has run off towards infinity (monotone
+                    // likelihood). Stop at β; the rule cannot be met (the fit API then checks
+                    // for estimates that are not finite, `model/degenerate.rs`).
+                    trace.push(obj);
+                    break;
+                }
                 NewtonStep::Converged => {}
                 NewtonStep::Moved => block_done = false,
                 NewtonStep::Stalled => {

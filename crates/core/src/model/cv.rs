@@ -395,7 +395,9 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
             let train = match problem.likelihood_on(&train, None) {
                 Ok(l) => l,
                 Err(Error::Empty(why)) => {
-                    return Ok(Err(format!("{label}: training set without information ({why})")))
+                    return Ok(Err(format!(
+                        "{label}: training set without information ({why})"
+                    )))
                 }
                 Err(e) => return Err(wrap(e)),
             };

@@ -56,6 +56,9 @@
 //!    further from 0; if f does not drop, j has no finite estimate (this catches a divergence
 //!    whose information collapsed so far that the Newton step is regularized away).
 //!
+//! The flagged coefficients are then halved while the objective stays within ρ ([`pull_back`]):
+//! a Newton step along a collapsed curvature can run them to hundreds, where exp(η)² overflows.
+//!
 //! Flagged fits report [`crate::model::ccd::FitStatus::NoFiniteMle`] (R's `glm` warns
 //! "fitted probabilities numerically 0 or 1 occurred", `coxph` "Loglik converged before
 //! variable j; coefficient may be infinite"). The flagged coefficients are where the optimizer
@@ -347,7 +350,7 @@ pub fn diverging(
         return Vec::new();
     }
     let eta: f64 = cols.iter().map(|&j| beta[j].abs() * scale[j]).sum();
-    if !(eta > SUSPECT_ETA) {
+    if eta.is_nan() || eta <= SUSPECT_ETA {
         return Vec::new();
     }
     lik.set_beta(beta);
@@ -403,6 +406,42 @@ pub fn diverging(
             f.is_finite() && f >= f0 - noise
         })
         .collect()
+}
+
+/// Move the diverging coefficients `cols` (from [`diverging`]) back towards 0 along their own
+/// direction — β_C ← β_C / 2, repeatedly — while the objective stays within its rounding level
+/// ρ of the objective at `beta`. Along a direction to infinity the likelihood is flat there, so
+/// nothing measurable changes, but the coefficients stay far from overflow: a Newton step along
+/// a collapsed curvature can run a coefficient to hundreds, where exp(η) squared overflows and
+/// no standard error of the other coefficients could be computed. Returns the log-likelihood at
+/// the returned `beta`; the likelihood is left there.
+pub fn pull_back(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    beta: &mut [f64],
+    cols: &[usize],
+) -> f64 {
+    lik.set_beta(beta);
+    let ll0 = lik.log_likelihood();
+    let f0 = ll0 + priors.log_prior(beta);
+    let noise = NOISE_ULPS * f64::EPSILON * (1.0 + f0.abs());
+    let mut ll = ll0;
+    for _ in 0..64 {
+        let mut trial = beta.to_vec();
+        for &j in cols {
+            trial[j] *= 0.5;
+        }
+        lik.set_beta(&trial);
+        let ll_t = lik.log_likelihood();
+        let f = ll_t + priors.log_prior(&trial);
+        if !(f.is_finite() && f >= f0 - noise) {
+            break;
+        }
+        beta.copy_from_slice(&trial);
+        ll = ll_t;
+    }
+    lik.set_beta(beta);
+    ll
 }
 
 /// How notes name a column: `name (covariate id)`, `covariate id` when it has no name, or
