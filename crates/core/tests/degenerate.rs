@@ -342,7 +342,11 @@ fn zero_information_is_an_error() {
     // Events only in rows of weight 0.
     d.weight = Some(vec![0.0, 1.0, 0.0, 0.0, 1.0, 0.0]);
     let e = fit(&d.design(), &opts(ModelKind::Cox)).unwrap_err();
-    assert!(e.to_string().contains("no events"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("cox: no events (y = 1) in the data (every such row has weight 0)"),
+        "{e}"
+    );
     // No events at all: Cox, Fine–Gray, conditional logistic — penalized or not.
     let none = Data::new(time.clone(), vec![0.0; 6], vec![(1, "x", x.clone())]);
     for model in [
@@ -353,10 +357,20 @@ fn zero_information_is_an_error() {
         let mut o = opts(model);
         o.prior = Prior::Normal { variance: 1.0 };
         let e = fit(&none.design(), &o).unwrap_err();
-        assert!(e.to_string().contains("no events"), "{model:?}: {e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "empty input: {}: no events (y = 1) in the data",
+                model.name()
+            )),
+            "{model:?}: {e}"
+        );
     }
     let e = fit(&none.design(), &opts(ModelKind::ConditionalPoisson)).unwrap_err();
-    assert!(e.to_string().contains("no cases"), "{e}");
+    assert!(e.to_string().contains("sccs: no cases"), "{e}");
+    // A value outside the model's domain is reported as such, before "no events".
+    let y2 = Data::new(time, vec![2.0; 6], vec![(1, "x", x)]);
+    let e = fit(&y2.design(), &opts(ModelKind::Cox)).unwrap_err();
+    assert!(e.to_string().contains("must be 0 or 1 for cox"), "{e}");
 }
 
 /// A large but finite coefficient with real curvature, and a tiny Poisson rate (intercept

@@ -85,41 +85,42 @@ pub const RAY_ETA: f64 = 10.0;
 /// The objective's rounding level, in units of ε·(1 + |f|) (as the Newton block's).
 const NOISE_ULPS: f64 = 1000.0;
 
-/// Refuse data whose likelihood carries no information about any coefficient (module docs).
+/// Refuse data whose likelihood carries no information about any coefficient (module docs),
+/// after the model's own row checks ([`ModelKind::check_rows`]: a value outside the model's
+/// domain is the better message). Errors are [`Error::Empty`].
 pub fn check_information(kind: ModelKind, x: &DesignMatrix) -> Result<()> {
+    kind.check_rows(x)?;
     let n = x.n_rows();
     if let Some(w) = &x.rows.weight {
         if w.iter().all(|&v| v == 0.0) {
             return Err(Error::Empty(format!(
-                "all {n} row weights are 0: the data carry no information for {}",
+                "{}: all {n} row weights are 0, so the data carry no information",
                 kind.name()
             )));
         }
     }
     let y = &x.rows.y;
-    let weighted = x.rows.weight.is_some();
-    let with_weight = if weighted {
-        " with a positive weight"
-    } else {
-        ""
-    };
-    let any = |f: &dyn Fn(f64) -> bool| (0..n).any(|i| f(y[i]) && x.weight(i) > 0.0);
+    let has = |f: &dyn Fn(f64) -> bool| (0..n).any(|i| f(y[i]));
+    let has_weighted = |f: &dyn Fn(f64) -> bool| (0..n).any(|i| f(y[i]) && x.weight(i) > 0.0);
+    let zero_weight = " (every such row has weight 0)";
     match kind {
         ModelKind::Cox | ModelKind::FineGray | ModelKind::ConditionalLogistic => {
-            if !any(&|v| v == 1.0) {
+            let event = |v: f64| v == 1.0;
+            if !has_weighted(&event) {
                 return Err(Error::Empty(format!(
-                    "no events: no row has y = 1{with_weight}, so the {} likelihood carries no \
-                     information about the coefficients",
-                    kind.name()
+                    "{}: no events (y = 1) in the data{}",
+                    kind.name(),
+                    if has(&event) { zero_weight } else { "" }
                 )));
             }
         }
         ModelKind::ConditionalPoisson => {
-            if !any(&|v| v > 0.0) {
+            let case = |v: f64| v > 0.0;
+            if !has_weighted(&case) {
                 return Err(Error::Empty(format!(
-                    "no cases: no row has an outcome y > 0{with_weight}, so the {} likelihood \
-                     carries no information about the coefficients",
-                    kind.name()
+                    "{}: no cases: no stratum has an event (all n_s = 0){}",
+                    kind.name(),
+                    if has(&case) { zero_weight } else { "" }
                 )));
             }
         }
