@@ -382,7 +382,7 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             shape.prepend_intercept();
         }
         shape.check_exclude(opts)?;
-        let problem = problem_of(design, opts);
+        let mut problem = problem_of(design, opts);
         let (prior, cv) = select_prior(&problem, opts)?;
         let mut lik = crate::model::cpu_likelihood_from(
             opts.model,
@@ -390,7 +390,7 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        let mut r = finish(
+        let (mut r, held) = finish(
             lik.as_mut(),
             &shape,
             opts,
@@ -404,6 +404,9 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         }
         r.cv = cv;
         drop(lik);
+        // Replicates hold the aliased coefficients (and those with no finite estimate) where
+        // the fit left them, as the fit did.
+        problem.fixed = held;
         bootstrap_into(&mut r, &problem, opts)?;
         r.seconds = started.elapsed().as_secs_f64();
         Ok(r)
@@ -448,6 +451,7 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             device,
             None,
         )
+        .map(|(r, _)| r)
     })
 }
 
@@ -466,6 +470,7 @@ fn problem_of<'a>(design: &'a DesignMatrix, opts: &'a FitOptions) -> Problem<'a>
         lik: LikelihoodOptions { ties: opts.ties },
         exclude: &opts.exclude,
         ccd: opts.ccd.clone(),
+        fixed: Vec::new(),
     }
 }
 
@@ -490,7 +495,10 @@ fn bootstrap_into(r: &mut FitResult, problem: &Problem<'_>, opts: &FitOptions) -
     let beta: Vec<f64> = r.coefficients.iter().map(|c| c.estimate).collect();
     let b = bootstrap::bootstrap(problem, r.prior, &beta, opts.ci_level, &bopts)?;
     if opts.ci == CiMethod::Bootstrap {
-        for (c, s) in r.coefficients.iter_mut().zip(&b.coefficients) {
+        for (j, (c, s)) in r.coefficients.iter_mut().zip(&b.coefficients).enumerate() {
+            if problem.fixed.get(j).copied().unwrap_or(false) {
+                continue;
+            }
             c.ci_lower = Some(s.lower);
             c.ci_upper = Some(s.upper);
         }
@@ -621,7 +629,7 @@ fn finish(
     started: Instant,
     device: Resolved,
     design: Option<&DesignMatrix>,
-) -> Result<FitResult> {
+) -> Result<(FitResult, Vec<bool>)> {
     let gpu = device.gpu;
     let excluded: Vec<bool> = shape
         .labels
@@ -629,12 +637,12 @@ fn finish(
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
     let priors = PriorSet::new(prior, &excluded);
-    let mut r = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
+    let (mut r, held) = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
     r.device = device.name;
     r.notes.extend(device.note.iter().cloned());
     r.device_note = device.note;
     r.prior = prior;
-    Ok(r)
+    Ok((r, held))
 }
 
 /// Fit an already-built likelihood on `x` (used by CV, profiles and the SQL layer).
@@ -657,7 +665,7 @@ pub fn fit_likelihood(
     if lik.n_coef() == labels.len() + 1 && !x.has_intercept() {
         shape.prepend_intercept();
     }
-    fit_shape(lik, &shape, priors, opts, started, Some(x), false)
+    fit_shape(lik, &shape, priors, opts, started, Some(x), false).map(|(r, _)| r)
 }
 
 fn fit_shape(
@@ -668,7 +676,7 @@ fn fit_shape(
     started: Instant,
     design: Option<&DesignMatrix>,
     gpu: bool,
-) -> Result<FitResult> {
+) -> Result<(FitResult, Vec<bool>)> {
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
     let mut gpu_stats = None;
@@ -882,7 +890,7 @@ fn fit_shape(
             penalized: !priors.is_unpenalized(j),
         })
         .collect();
-    Ok(FitResult {
+    let result = FitResult {
         model: opts.model,
         coefficients,
         log_likelihood: r.log_likelihood,
@@ -904,7 +912,8 @@ fn fit_shape(
         cv: None,
         bootstrap: None,
         profiles,
-    })
+    };
+    Ok((result, fixed))
 }
 
 /// Finish a GPU fit on the host: [`ccd::fit`] under the optimality rule (the Newton block on the

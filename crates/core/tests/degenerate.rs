@@ -646,6 +646,7 @@ fn cv_skips_folds_without_training_events() {
         lik: LikelihoodOptions::default(),
         exclude: &[],
         ccd: CcdOptions::fit_default(),
+        fixed: Vec::new(),
     };
     let e = cross_validate(
         &problem,
@@ -722,4 +723,40 @@ fn bootstrap_with_few_replicates_warns() {
     );
     let enough = run(50);
     assert!(enough.notes.is_empty(), "{}", notes(&enough));
+}
+
+/// The bootstrap's replicates hold an aliased column at 0 as the fit does: the other
+/// coefficients' replicate estimates and percentile intervals are those of the bootstrap
+/// without the copy (same seed, same draws), and the copy gets no interval.
+#[test]
+fn bootstrap_holds_aliased_columns() {
+    let mut d = survival_data(60, 10);
+    let age = d.cols[0].2.clone();
+    d.cols.push((3, "age2", age));
+    let mut o = opts(ModelKind::Cox);
+    o.ci = CiMethod::Bootstrap;
+    o.bootstrap = Some(BootstrapOptions {
+        replicates: 50,
+        ..BootstrapOptions::default()
+    });
+    let r = fit(&d.design(), &o).unwrap();
+    let without = fit(&d.with_columns(&[1, 2]).design(), &o).unwrap();
+    let (b, w) = (
+        r.bootstrap.as_ref().unwrap(),
+        without.bootstrap.as_ref().unwrap(),
+    );
+    assert_eq!(b.replicates, w.replicates);
+    for (e, f) in b.estimates.iter().zip(&w.estimates) {
+        assert_eq!(e[2], 0.0);
+        assert!(
+            close(e[0], f[0], 1e-9) && close(e[1], f[1], 1e-9),
+            "{e:?} {f:?}"
+        );
+    }
+    for id in [1, 2] {
+        let (x, y) = (coef(&r, id), coef(&without, id));
+        assert!(close(x.ci_lower.unwrap(), y.ci_lower.unwrap(), 1e-9));
+        assert!(close(x.ci_upper.unwrap(), y.ci_upper.unwrap(), 1e-9));
+    }
+    assert_eq!((coef(&r, 3).ci_lower, coef(&r, 3).ci_upper), (None, None));
 }

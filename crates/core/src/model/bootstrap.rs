@@ -11,6 +11,9 @@
 //!
 //! Replicate b draws from its own generator seeded by (`seed`, b), and replicates run in
 //! parallel but are collected in order, so the results are the same whatever the thread count.
+//! Coefficients in [`Problem::fixed`] (aliased columns and those with no finite estimate, as
+//! the fit API sets it) stay at β̂ in every replicate.
+//!
 //! A replicate whose fit is ill-conditioned is counted and left out ([`BootstrapResult::failed`]);
 //! so is a resample whose rows carry no information (no events, every weight 0:
 //! [`crate::model::degenerate::check_information`]; [`BootstrapResult::skipped`]). The fit API
@@ -210,7 +213,13 @@ pub fn bootstrap(
                     )))
                 }
             };
-            let r = ccd::fit(lik.as_mut(), &priors, beta_hat, None, &problem.ccd)?;
+            let r = ccd::fit(
+                lik.as_mut(),
+                &priors,
+                beta_hat,
+                problem.fixed_mask(),
+                &problem.ccd,
+            )?;
             Ok(if r.status == FitStatus::IllConditioned {
                 Replicate::Failed
             } else {

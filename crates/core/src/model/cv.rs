@@ -246,9 +246,19 @@ pub struct Problem<'a> {
     pub exclude: &'a [i64],
     /// Optimizer options.
     pub ccd: CcdOptions,
+    /// Coefficients held at their starting value in every fit (empty: none). The fit API sets
+    /// it for the bootstrap to the aliased columns and those with no finite estimate, which
+    /// its own fit held fixed ([`crate::model::degenerate`]); cross-validation runs before
+    /// that is known, and an aliased column does not change any held-out prediction.
+    pub fixed: Vec<bool>,
 }
 
 impl Problem<'_> {
+    /// [`Problem::fixed`] as the mask [`ccd::fit`] takes.
+    pub fn fixed_mask(&self) -> Option<&[bool]> {
+        self.fixed.iter().any(|&f| f).then_some(&self.fixed[..])
+    }
+
     /// Covariate ids of the coefficients, in fit order (intercept first when the model has one).
     pub fn coefficient_ids(&self) -> Vec<i64> {
         let mut ids: Vec<i64> = self.design.columns.iter().map(|c| c.id).collect();
@@ -436,7 +446,13 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
         let lls: Vec<f64> = states
             .par_iter_mut()
             .map(|s| {
-                let r = ccd::fit(s.train.as_mut(), &priors, &s.beta, None, &problem.ccd)?;
+                let r = ccd::fit(
+                    s.train.as_mut(),
+                    &priors,
+                    &s.beta,
+                    problem.fixed_mask(),
+                    &problem.ccd,
+                )?;
                 if r.status == FitStatus::IllConditioned {
                     return Err(Error::FitFailed(format!(
                         "cross-validation, {}: the fit at variance {v} is ill-conditioned",
