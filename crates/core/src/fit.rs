@@ -41,6 +41,26 @@
 //! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
 //! | `device` | auto | [`Device`]: auto, cpu or cuda (see [`crate::backend`]: the CUDA path is not verified on a GPU yet) |
 //! | `precision` | f64 | [`Precision`] of the design's values on the GPU: f64, or f32 with f64 accumulation |
+//!
+//! **Degenerate data** ([`crate::model::degenerate`] has the criteria and tolerances). Data
+//! whose likelihood carries no information — every weight 0, no event (Cox, Fine–Gray,
+//! conditional logistic), no case (SCCS) — is an [`Error::Empty`]. Among the unpenalized
+//! coefficients (penalized ones with a proper prior are always identified):
+//!
+//! * a column that is 0 everywhere, constant within every stratum (conditional models), or a
+//!   linear combination of earlier columns (an exact copy, a constant beside the intercept) is
+//!   **held at 0**: its [`Coefficient`] has estimate 0 and no standard error or interval (R
+//!   reports `NA`), a note names it and the columns it is aliased with, and the other
+//!   coefficients keep the estimates, standard errors and intervals of the fit without it;
+//! * a coefficient whose likelihood keeps increasing towards ±∞ (separation, monotone
+//!   likelihood, an all-zero outcome) makes the status [`FitStatus::NoFiniteMle`]; a note names
+//!   it and the direction; it has no standard error or interval, and the others' are
+//!   conditional on it (held where the optimizer left it, also in profile refits and bootstrap
+//!   replicates).
+//!
+//! Cross-validation skips folds whose training rows carry no information, the bootstrap skips
+//! such resamples; both say so in the notes, as does a bootstrap with fewer than
+//! [`bootstrap::MIN_REPLICATES`] replicates in its summaries.
 
 use std::time::Instant;
 
@@ -287,7 +307,9 @@ pub struct Coefficient {
     pub covariate_id: i64,
     /// Name (column name in wide input, `(Intercept)`, else the id).
     pub name: String,
-    /// Estimate β̂.
+    /// Estimate β̂. 0 for an aliased or constant unpenalized column (held at 0 and named in
+    /// [`FitResult::notes`]; R reports `NA`); under [`FitStatus::NoFiniteMle`] the flagged
+    /// coefficients are where the optimizer stopped, not estimates.
     pub estimate: f64,
     /// Standard error (unpenalized coefficients only): the one of [`FitOptions::se`], which Wald
     /// intervals use.
@@ -339,8 +361,11 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
-    /// Notes on the fit that a user must see (device fallback; the layers above add rows
-    /// dropped for NULLs, skipped columns, …): the `notes` column of the result table.
+    /// Notes on the fit that a user must see: the `notes` column of the result table. The fit
+    /// adds aliased and constant columns held at 0 (`aliased: …`, `no information: …`),
+    /// coefficients with no finite estimate (`no finite MLE: …`), skipped cross-validation folds
+    /// (`cv: …`), skipped or failed bootstrap replicates and too few of them (`bootstrap: …`)
+    /// and the device fallback; the layers above add rows dropped for NULLs, skipped columns, …
     pub notes: Vec<String>,
     /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
     pub gpu: Option<crate::backend::GpuFitStats>,

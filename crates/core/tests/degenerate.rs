@@ -760,3 +760,93 @@ fn bootstrap_holds_aliased_columns() {
     }
     assert_eq!((coef(&r, 3).ci_lower, coef(&r, 3).ci_upper), (None, None));
 }
+
+/// More shapes of a likelihood that increases to infinity, each naming the right covariate:
+/// a Poisson covariate whose rows have no event; conditional logistic regression where every
+/// matched set's case has the largest x; SCCS with every event in an exposed interval; Cox
+/// with Efron ties; a penalized Cox fit whose `exclude`d treatment has a monotone likelihood;
+/// the classic coordinate-descent rule.
+#[test]
+fn more_divergence_shapes() {
+    let mut rng = Rng::new(21);
+    // Poisson: x = 1 rows never have an event → β_x → −∞.
+    let n = 60;
+    let x: Vec<f64> = (0..n).map(|i| f64::from(u8::from(i % 5 == 0))).collect();
+    let z: Vec<f64> = (0..n).map(|_| rng.normal()).collect();
+    let y: Vec<f64> = (0..n)
+        .map(|i| {
+            if x[i] == 1.0 {
+                0.0
+            } else {
+                rng.poisson((0.5 + 0.3 * z[i]).exp()) as f64
+            }
+        })
+        .collect();
+    let d = Data::new(vec![1.0; n], y, vec![(1, "x", x), (2, "z", z.clone())]);
+    let r = fit(&d.design(), &opts(ModelKind::Poisson)).unwrap();
+    assert_diverging(
+        &r,
+        &["x (covariate 1) → −∞"],
+        &["z (covariate 2)", "(Intercept)"],
+    );
+    // Conditional logistic: 15 matched sets of 4; the case always has the largest x.
+    let mut d = Data::new(vec![1.0; 60], vec![0.0; 60], vec![]);
+    let mut xs = vec![0.0; 60];
+    let mut ws = vec![0.0; 60];
+    for s in 0..15 {
+        for k in 0..4 {
+            let i = s * 4 + k;
+            xs[i] = if k == 0 {
+                5.0 + rng.uniform()
+            } else {
+                rng.uniform() * 4.0
+            };
+            ws[i] = rng.normal();
+        }
+        d.y[s * 4] = 1.0;
+    }
+    d.stratum = Some((0..60).map(|i| (i / 4) as i64).collect());
+    d.cols = vec![(1, "x", xs), (2, "w", ws)];
+    let r = fit(&d.design(), &opts(ModelKind::ConditionalLogistic)).unwrap();
+    assert_diverging(&r, &["x (covariate 1) → +∞"], &[]);
+    // SCCS: every case's events fall in its exposed interval.
+    let mut time = Vec::new();
+    let mut y = Vec::new();
+    let mut exposed = Vec::new();
+    let mut case = Vec::new();
+    for c in 0..12 {
+        for (t, e, k) in [(100.0, 0.0, 0.0), (30.0, 1.0, 1.0 + (c % 3) as f64)] {
+            time.push(t);
+            exposed.push(e);
+            y.push(k);
+            case.push(c as i64);
+        }
+    }
+    let mut d = Data::new(time, y, vec![(1000, "drug", exposed)]);
+    d.stratum = Some(case);
+    let r = fit(&d.design(), &opts(ModelKind::ConditionalPoisson)).unwrap();
+    assert_diverging(&r, &["drug (covariate 1000) → +∞"], &[]);
+    // Cox, Efron ties, and a penalized fit with the treatment excluded from the penalty.
+    let d = monotone_survival(false);
+    let mut o = opts(ModelKind::Cox);
+    o.ties = epifusion_core::model::Ties::Efron;
+    assert_diverging(
+        &fit(&d.design(), &o).unwrap(),
+        &["x (covariate 1)"],
+        &["z (covariate 2)"],
+    );
+    let mut o = opts(ModelKind::Cox);
+    o.prior = Prior::Normal { variance: 0.5 };
+    o.exclude = vec![1];
+    let r = fit(&d.design(), &o).unwrap();
+    assert_diverging(&r, &["x (covariate 1)"], &["z (covariate 2)"]);
+    assert!(coef(&r, 2).penalized && coef(&r, 2).estimate != 0.0);
+    // The classic objective rule (coordinate descent alone) on logistic separation.
+    let x: Vec<f64> = (1..=10).map(f64::from).collect();
+    let y: Vec<f64> = x.iter().map(|&v| f64::from(u8::from(v > 5.0))).collect();
+    let d = Data::new(vec![1.0; 10], y, vec![(1, "x", x)]);
+    let mut o = opts(ModelKind::Logistic);
+    o.ccd = CcdOptions::default();
+    let r = fit(&d.design(), &o).unwrap();
+    assert_diverging(&r, &["x (covariate 1) → +∞"], &[]);
+}
