@@ -8,7 +8,7 @@
 //! replayed here.
 
 use epifusion_core::backend::Device;
-use epifusion_core::fit::{fit, CiMethod, FitOptions, FitResult};
+use epifusion_core::fit::{fit, fit_owned, CiMethod, FitOptions, FitResult};
 use epifusion_core::model::bootstrap::BootstrapOptions;
 use epifusion_core::model::ccd::{CcdOptions, FitStatus};
 use epifusion_core::model::cv::{
@@ -477,6 +477,10 @@ fn duplicate_column_is_aliased() {
     let without = fit(&d.with_columns(&[1, 2]).design(), &opts(ModelKind::Cox)).unwrap();
     assert_eq!(r.status, FitStatus::Converged);
     assert_same(&r, &without, &[1, 2], 1e-9);
+    // The consuming fit (the CLI's) is the same.
+    let owned = fit_owned(d.design(), &opts(ModelKind::Cox)).unwrap();
+    assert_eq!(owned.coefficients, r.coefficients);
+    assert_eq!(owned.notes, r.notes);
     let a2 = coef(&r, 3);
     assert_eq!(a2.estimate, 0.0);
     assert_eq!((a2.std_error, a2.ci_lower, a2.ci_upper), (None, None, None));
@@ -700,6 +704,36 @@ fn bootstrap_skips_replicates_without_events() {
         notes(&r)
     );
     assert!(b.skip_reason.as_deref().unwrap().contains("no events"));
+    // No resample has an event (the data have none): a clear error, not a summary of nothing.
+    let none = Data {
+        y: vec![0.0; n],
+        ..d.with_columns(&[1, 2])
+    };
+    let x = none.design();
+    let problem = Problem {
+        design: &x,
+        kind: ModelKind::Cox,
+        lik: LikelihoodOptions::default(),
+        exclude: &[],
+        ccd: CcdOptions::fit_default(),
+        fixed: Vec::new(),
+    };
+    let e = epifusion_core::model::bootstrap::bootstrap(
+        &problem,
+        Prior::Normal { variance: 1.0 },
+        &[0.0, 0.0],
+        0.95,
+        &BootstrapOptions {
+            replicates: 10,
+            ..BootstrapOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("only 0 of 10 replicates could be fitted (0 ill-conditioned, 10 skipped"),
+        "{e}"
+    );
 }
 
 #[test]
