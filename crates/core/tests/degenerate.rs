@@ -586,6 +586,59 @@ fn constant_columns() {
         notes(&r)
     );
     assert_eq!(coef(&r, 9).estimate, 0.0);
+    // SCCS: a per-case attribute (constant within every case) beside an exposure.
+    let mut rng = Rng::new(12);
+    let (mut time, mut y, mut drug, mut sex, mut case) = (vec![], vec![], vec![], vec![], vec![]);
+    for c in 0..30 {
+        let s = f64::from(u8::from(c % 2 == 0));
+        for (t, e) in [(200.0, 0.0f64), (40.0, 1.0)] {
+            time.push(t);
+            drug.push(e);
+            sex.push(s);
+            y.push(rng.poisson(0.01 * t * (0.7 * e).exp()) as f64);
+            case.push(c as i64);
+        }
+    }
+    let mut d = Data::new(time, y, vec![(1000, "drug", drug), (2, "sex", sex)]);
+    d.stratum = Some(case);
+    let r = fit(&d.design(), &opts(ModelKind::ConditionalPoisson)).unwrap();
+    let without = fit(
+        &d.with_columns(&[1000]).design(),
+        &opts(ModelKind::ConditionalPoisson),
+    )
+    .unwrap();
+    assert_eq!(r.status, FitStatus::Converged);
+    assert_same(&r, &without, &[1000], 1e-9);
+    assert!(
+        notes(&r).contains("no information: sex (covariate 2) is constant within every case"),
+        "{}",
+        notes(&r)
+    );
+    // A column that is non-zero only in rows of weight 0 enters no term of the likelihood.
+    let mut w = survival_data(60, 13);
+    w.y = w
+        .time
+        .iter()
+        .map(|&t| f64::from(u8::from(t < 60.0)))
+        .collect();
+    w.weight = Some((0..60).map(|i| if i < 10 { 0.0 } else { 1.0 }).collect());
+    w.cols.push((
+        4,
+        "ghost",
+        (0..60)
+            .map(|i| if i < 10 { 1.0 + i as f64 } else { 0.0 })
+            .collect(),
+    ));
+    let mut o = opts(ModelKind::Logistic);
+    o.ci = CiMethod::Wald;
+    let r = fit(&w.design(), &o).unwrap();
+    let without = fit(&w.with_columns(&[1, 2]).design(), &o).unwrap();
+    assert_same(&r, &without, &[INTERCEPT_ID, 1, 2], 1e-9);
+    assert!(
+        notes(&r).contains("no information: ghost (covariate 4) has no information"),
+        "{}",
+        notes(&r)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
