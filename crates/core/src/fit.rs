@@ -41,6 +41,26 @@
 //! | `threads` | all cores | rayon threads for this fit; results do not depend on it |
 //! | `device` | auto | [`Device`]: auto, cpu or cuda (see [`crate::backend`]: the CUDA path is not verified on a GPU yet) |
 //! | `precision` | f64 | [`Precision`] of the design's values on the GPU: f64, or f32 with f64 accumulation |
+//!
+//! **Degenerate data** ([`crate::model::degenerate`] has the criteria and tolerances). Data
+//! whose likelihood carries no information — every weight 0, no event (Cox, Fine–Gray,
+//! conditional logistic), no case (SCCS) — is an [`Error::Empty`]. Among the unpenalized
+//! coefficients (penalized ones with a proper prior are always identified):
+//!
+//! * a column that is 0 everywhere, constant within every stratum (conditional models), or a
+//!   linear combination of earlier columns (an exact copy, a constant beside the intercept) is
+//!   **held at 0**: its [`Coefficient`] has estimate 0 and no standard error or interval (R
+//!   reports `NA`), a note names it and the columns it is aliased with, and the other
+//!   coefficients keep the estimates, standard errors and intervals of the fit without it;
+//! * a coefficient whose likelihood keeps increasing towards ±∞ (separation, monotone
+//!   likelihood, an all-zero outcome) makes the status [`FitStatus::NoFiniteMle`]; a note names
+//!   it and the direction; it has no standard error or interval, and the others' are
+//!   conditional on it (held where the optimizer left it, also in profile refits and bootstrap
+//!   replicates).
+//!
+//! Cross-validation skips folds whose training rows carry no information, the bootstrap skips
+//! such resamples; both say so in the notes, as does a bootstrap with fewer than
+//! [`bootstrap::MIN_REPLICATES`] replicates in its summaries.
 
 use std::time::Instant;
 
@@ -49,6 +69,7 @@ use crate::error::{Error, Result};
 use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
 use crate::model::ccd::{self, CcdOptions, Convergence, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
+use crate::model::degenerate::{self, ColumnFacts};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
 use crate::model::prior::{Prior, PriorSet};
@@ -286,7 +307,9 @@ pub struct Coefficient {
     pub covariate_id: i64,
     /// Name (column name in wide input, `(Intercept)`, else the id).
     pub name: String,
-    /// Estimate β̂.
+    /// Estimate β̂. 0 for an aliased or constant unpenalized column (held at 0 and named in
+    /// [`FitResult::notes`]; R reports `NA`); under [`FitStatus::NoFiniteMle`] the flagged
+    /// coefficients are where the optimizer stopped, not estimates.
     pub estimate: f64,
     /// Standard error (unpenalized coefficients only): the one of [`FitOptions::se`], which Wald
     /// intervals use.
@@ -301,6 +324,9 @@ pub struct Coefficient {
     pub ci_upper: Option<f64>,
     /// Whether the prior applies to this coefficient.
     pub penalized: bool,
+    /// An aliased or constant unpenalized column, held at 0 (R's `NA`): result tables show a
+    /// NULL estimate.
+    pub aliased: bool,
 }
 
 /// Result of [`fit`].
@@ -338,8 +364,11 @@ pub struct FitResult {
     pub device: String,
     /// Why that device was chosen, when `auto` fell back to the CPU.
     pub device_note: Option<String>,
-    /// Notes on the fit that a user must see (device fallback; the layers above add rows
-    /// dropped for NULLs, skipped columns, …): the `notes` column of the result table.
+    /// Notes on the fit that a user must see: the `notes` column of the result table. The fit
+    /// adds aliased and constant columns held at 0 (`aliased: …`, `no information: …`),
+    /// coefficients with no finite estimate (`no finite MLE: …`), skipped cross-validation folds
+    /// (`cv: …`), skipped or failed bootstrap replicates and too few of them (`bootstrap: …`)
+    /// and the device fallback; the layers above add rows dropped for NULLs, skipped columns, …
     pub notes: Vec<String>,
     /// GPU statistics when the fit ran on a GPU (design bytes, estimated traffic per cycle).
     pub gpu: Option<crate::backend::GpuFitStats>,
@@ -373,20 +402,15 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     with_threads(opts, || {
         let started = Instant::now();
         let device = opts.device.resolve(opts.model, design)?;
-        let mut shape = Shape::of(design);
+        degenerate::check_information(opts.model, design)?;
+        let mut shape = Shape::of(design, opts.model, |id| unpenalized_id(opts, id));
         let mut cols = design.column_source();
         if opts.model.has_intercept() && !design.has_intercept() {
             cols = cols.prepend(Column::intercept(design.n_rows()));
-            shape.labels.insert(
-                0,
-                ColumnLabel {
-                    id: INTERCEPT_ID,
-                    name: "(Intercept)".into(),
-                },
-            );
+            shape.prepend_intercept();
         }
         shape.check_exclude(opts)?;
-        let problem = problem_of(design, opts);
+        let mut problem = problem_of(design, opts);
         let (prior, cv) = select_prior(&problem, opts)?;
         let mut lik = crate::model::cpu_likelihood_from(
             opts.model,
@@ -394,7 +418,7 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             cols,
             LikelihoodOptions { ties: opts.ties },
         )?;
-        let mut r = finish(
+        let (mut r, held) = finish(
             lik.as_mut(),
             &shape,
             opts,
@@ -403,8 +427,14 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             device,
             Some(design),
         )?;
+        if let Some(c) = &cv {
+            r.notes.extend(cv_notes(c));
+        }
         r.cv = cv;
         drop(lik);
+        // Replicates hold the aliased coefficients (and those with no finite estimate) where
+        // the fit left them, as the fit did.
+        problem.fixed = held;
         bootstrap_into(&mut r, &problem, opts)?;
         r.seconds = started.elapsed().as_secs_f64();
         Ok(r)
@@ -432,7 +462,8 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         if opts.model.has_intercept() && !design.has_intercept() {
             design = design.with_intercept();
         }
-        let shape = Shape::of(&design);
+        degenerate::check_information(opts.model, &design)?;
+        let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
         shape.check_exclude(opts)?;
         let mut lik = crate::backend::cpu::likelihood_owned(
             opts.model,
@@ -448,6 +479,7 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             device,
             None,
         )
+        .map(|(r, _)| r)
     })
 }
 
@@ -466,6 +498,7 @@ fn problem_of<'a>(design: &'a DesignMatrix, opts: &'a FitOptions) -> Problem<'a>
         lik: LikelihoodOptions { ties: opts.ties },
         exclude: &opts.exclude,
         ccd: opts.ccd.clone(),
+        fixed: Vec::new(),
     }
 }
 
@@ -490,13 +523,65 @@ fn bootstrap_into(r: &mut FitResult, problem: &Problem<'_>, opts: &FitOptions) -
     let beta: Vec<f64> = r.coefficients.iter().map(|c| c.estimate).collect();
     let b = bootstrap::bootstrap(problem, r.prior, &beta, opts.ci_level, &bopts)?;
     if opts.ci == CiMethod::Bootstrap {
-        for (c, s) in r.coefficients.iter_mut().zip(&b.coefficients) {
+        for (j, (c, s)) in r.coefficients.iter_mut().zip(&b.coefficients).enumerate() {
+            if problem.fixed.get(j).copied().unwrap_or(false) {
+                continue;
+            }
             c.ci_lower = Some(s.lower);
             c.ci_upper = Some(s.upper);
         }
     }
+    r.notes.extend(bootstrap_notes(&b, bopts.replicates));
     r.bootstrap = Some(b);
     Ok(())
+}
+
+/// Notes on folds that cross-validation skipped or scored 0.
+fn cv_notes(c: &CvResult) -> Vec<String> {
+    let total = c.folds * c.repetitions;
+    let mut notes = Vec::new();
+    if !c.skipped.is_empty() {
+        notes.push(format!(
+            "cv: {} of {total} folds skipped ({})",
+            c.skipped.len(),
+            c.skipped.join("; ")
+        ));
+    }
+    if c.empty_test_folds > 0 {
+        notes.push(format!(
+            "cv: {} of {total} folds have no event in the held-out set (held-out log-likelihood 0)",
+            c.empty_test_folds
+        ));
+    }
+    notes
+}
+
+/// Notes on replicates that the bootstrap left out, and a warning for too few replicates.
+fn bootstrap_notes(b: &BootstrapResult, requested: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    if b.skipped > 0 {
+        notes.push(format!(
+            "bootstrap: {} of {requested} replicates skipped (the resample carries no \
+             information: {})",
+            b.skipped,
+            b.skip_reason.as_deref().unwrap_or("no events")
+        ));
+    }
+    if b.failed > 0 {
+        notes.push(format!(
+            "bootstrap: {} of {requested} replicates failed (ill-conditioned fit) and were left out",
+            b.failed
+        ));
+    }
+    if b.replicates < bootstrap::MIN_REPLICATES {
+        notes.push(format!(
+            "bootstrap: only {} replicates in the summaries (fewer than {}): standard errors \
+             and percentile intervals are unreliable; use more replicates",
+            b.replicates,
+            bootstrap::MIN_REPLICATES
+        ));
+    }
+    notes
 }
 
 /// Run `f` on a pool of `opts.threads` threads (after checking the options).
@@ -514,20 +599,41 @@ fn with_threads<T: Send>(opts: &FitOptions, f: impl FnOnce() -> Result<T> + Send
     }
 }
 
+/// Whether covariate `id` is unpenalized under `opts` (the intercept, `exclude`, no prior).
+fn unpenalized_id(opts: &FitOptions, id: i64) -> bool {
+    id == INTERCEPT_ID || opts.prior == Prior::None || opts.exclude.contains(&id)
+}
+
 /// What a fit result needs of the design once the likelihood is built.
 struct Shape {
     labels: Vec<ColumnLabel>,
+    /// Scales and structural findings of the unpenalized columns ([`degenerate::column_facts`]).
+    facts: Vec<ColumnFacts>,
     n_rows: usize,
     n_strata: usize,
 }
 
 impl Shape {
-    fn of(x: &DesignMatrix) -> Self {
+    /// The shape of `x`, examining the columns whose id passes `unpenalized`.
+    fn of(x: &DesignMatrix, kind: ModelKind, unpenalized: impl Fn(i64) -> bool) -> Self {
         Shape {
             labels: x.column_labels(),
+            facts: degenerate::column_facts(kind, x, unpenalized),
             n_rows: x.n_rows(),
             n_strata: x.n_strata(),
         }
+    }
+
+    /// An intercept column in front (the likelihood has one that `x` lacks).
+    fn prepend_intercept(&mut self) {
+        self.labels.insert(
+            0,
+            ColumnLabel {
+                id: INTERCEPT_ID,
+                name: "(Intercept)".into(),
+            },
+        );
+        self.facts.insert(0, ColumnFacts::intercept());
     }
 
     fn check_exclude(&self, opts: &FitOptions) -> Result<()> {
@@ -551,7 +657,7 @@ fn finish(
     started: Instant,
     device: Resolved,
     design: Option<&DesignMatrix>,
-) -> Result<FitResult> {
+) -> Result<(FitResult, Vec<bool>)> {
     let gpu = device.gpu;
     let excluded: Vec<bool> = shape
         .labels
@@ -559,12 +665,12 @@ fn finish(
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
     let priors = PriorSet::new(prior, &excluded);
-    let mut r = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
+    let (mut r, held) = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
     r.device = device.name;
     r.notes.extend(device.note.iter().cloned());
     r.device_note = device.note;
     r.prior = prior;
-    Ok(r)
+    Ok((r, held))
 }
 
 /// Fit an already-built likelihood on `x` (used by CV, profiles and the SQL layer).
@@ -575,7 +681,19 @@ pub fn fit_likelihood(
     opts: &FitOptions,
     started: Instant,
 ) -> Result<FitResult> {
-    fit_shape(lik, &Shape::of(x), priors, opts, started, Some(x), false)
+    degenerate::check_information(opts.model, x)?;
+    let labels = x.column_labels();
+    let extra = usize::from(lik.n_coef() > labels.len());
+    let mut shape = Shape::of(x, opts.model, |id| {
+        labels
+            .iter()
+            .position(|l| l.id == id)
+            .is_some_and(|j| priors.is_unpenalized(j + extra))
+    });
+    if lik.n_coef() == labels.len() + 1 && !x.has_intercept() {
+        shape.prepend_intercept();
+    }
+    fit_shape(lik, &shape, priors, opts, started, Some(x), false).map(|(r, _)| r)
 }
 
 fn fit_shape(
@@ -586,11 +704,28 @@ fn fit_shape(
     started: Instant,
     design: Option<&DesignMatrix>,
     gpu: bool,
-) -> Result<FitResult> {
+) -> Result<(FitResult, Vec<bool>)> {
     let p = x.labels.len();
     let beta0 = vec![0.0; p];
     let mut gpu_stats = None;
-    let r = match design.filter(|_| gpu) {
+    let mut notes = Vec::new();
+    // Aliased and constant unpenalized columns are held at 0 ([`degenerate`]).
+    let unpenalized_all: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    let aliases = degenerate::find_aliased(lik, &unpenalized_all, &x.facts);
+    let mut fixed = vec![false; p];
+    for a in &aliases {
+        fixed[a.j] = true;
+        notes.push(degenerate::alias_note(a, &x.labels, opts.model));
+    }
+    let any_fixed = !aliases.is_empty();
+    let aliased = fixed.clone();
+    if gpu && any_fixed {
+        notes.push(
+            "the optimization ran on the CPU: the device path cannot hold aliased columns at 0"
+                .into(),
+        );
+    }
+    let mut r = match design.filter(|_| gpu && !any_fixed) {
         // The optimization on the GPU; intervals and profiles use the CPU likelihood at its β.
         Some(design) => {
             // The device runs coordinate descent alone. Under the optimality rule it stops at
@@ -624,10 +759,39 @@ fn fit_shape(
                 r
             }
         }
-        None => ccd::fit(lik, priors, &beta0, None, &opts.ccd)?,
+        None => ccd::fit(
+            lik,
+            priors,
+            &beta0,
+            any_fixed.then_some(&fixed[..]),
+            &opts.ccd,
+        )?,
     };
     let fit_seconds = r.seconds;
-    let unpenalized: Vec<usize> = (0..p).filter(|&j| priors.is_unpenalized(j)).collect();
+    // Coefficients with no finite estimate ([`degenerate::diverging`]).
+    if matches!(r.status, FitStatus::Converged | FitStatus::MaxIterations) {
+        let free: Vec<usize> = unpenalized_all
+            .iter()
+            .copied()
+            .filter(|&j| !fixed[j])
+            .collect();
+        let scale: Vec<f64> = x.facts.iter().map(|f| f.scale).collect();
+        let diverged = degenerate::diverging(lik, priors, &r.beta, &free, &scale);
+        if !diverged.is_empty() {
+            r.status = FitStatus::NoFiniteMle;
+            r.log_likelihood = degenerate::pull_back(lik, priors, &mut r.beta, &diverged);
+            notes.push(degenerate::diverging_note(&diverged, &r.beta, &x.labels));
+            for j in diverged {
+                fixed[j] = true;
+            }
+        }
+    }
+    // Standard errors and intervals: the free unpenalized coefficients with a finite estimate.
+    let unpenalized: Vec<usize> = unpenalized_all
+        .iter()
+        .copied()
+        .filter(|&j| !fixed[j])
+        .collect();
     let mut se_model = vec![None; p];
     let mut se_robust = vec![None; p];
     let mut lower = vec![None; p];
@@ -688,7 +852,7 @@ fn fit_shape(
                 format!("covariate id {id} is not a column of the design matrix"),
             )
         })?;
-        if !chosen.contains(&j) {
+        if !chosen.contains(&j) && !fixed[j] {
             chosen.push(j);
         }
     }
@@ -713,6 +877,7 @@ fn fit_shape(
                 objective,
                 j,
                 se_model[j],
+                &fixed,
                 opts,
             )?);
         }
@@ -752,9 +917,10 @@ fn fit_shape(
             ci_lower: lower[j],
             ci_upper: upper[j],
             penalized: !priors.is_unpenalized(j),
+            aliased: aliased[j],
         })
         .collect();
-    Ok(FitResult {
+    let result = FitResult {
         model: opts.model,
         coefficients,
         log_likelihood: r.log_likelihood,
@@ -770,13 +936,14 @@ fn fit_shape(
         ci: opts.ci,
         device: "cpu".into(),
         device_note: None,
-        notes: Vec::new(),
+        notes,
         gpu: gpu_stats,
         prior: Prior::None,
         cv: None,
         bootstrap: None,
         profiles,
-    })
+    };
+    Ok((result, fixed))
 }
 
 /// Finish a GPU fit on the host: [`ccd::fit`] under the optimality rule (the Newton block on the
@@ -804,7 +971,9 @@ fn gpu_then_host(
 
 /// What [`inference::profile_intervals`] needs for coefficient `j`: with its penalty kept, the
 /// fit's own optimum; without it (`profile.include_penalty = false`, penalized j), a refit
-/// with j unpenalized gives the optimum of the profiled function.
+/// with j unpenalized gives the optimum of the profiled function. Coefficients with `fixed`
+/// (aliased ones, those with no finite estimate) stay where they are in every refit.
+#[allow(clippy::too_many_arguments)]
 fn profile_target(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
@@ -812,8 +981,14 @@ fn profile_target(
     objective: f64,
     j: usize,
     se: Option<f64>,
+    fixed: &[bool],
     opts: &FitOptions,
 ) -> Result<ProfileTarget> {
+    let fixed = if fixed.iter().any(|&f| f) {
+        fixed.to_vec()
+    } else {
+        Vec::new()
+    };
     if priors.is_unpenalized(j) || opts.profile.include_penalty {
         return Ok(ProfileTarget {
             j,
@@ -821,13 +996,15 @@ fn profile_target(
             priors: priors.clone(),
             beta: beta.to_vec(),
             objective,
+            fixed,
         });
     }
     let mut own = priors.clone();
     own.per_coef[j] = Prior::None;
     let mut tight = opts.ccd.clone();
     tight.tolerance = (opts.ccd.tolerance * 1e-3).max(1e-13);
-    let r = ccd::fit(lik, &own, beta, None, &tight)?;
+    let mask = (!fixed.is_empty()).then_some(&fixed[..]);
+    let r = ccd::fit(lik, &own, beta, mask, &tight)?;
     if r.status == FitStatus::IllConditioned {
         return Err(Error::FitFailed(format!(
             "profile of coefficient {j}: the refit without its penalty is ill-conditioned"
@@ -839,5 +1016,6 @@ fn profile_target(
         priors: own,
         objective: r.log_likelihood + r.log_prior,
         beta: r.beta,
+        fixed,
     })
 }

@@ -1127,7 +1127,8 @@ fn forest_rows(a: &Analysis, estimates: &[RecordBatch]) -> DfResult<Vec<ForestRo
         let name = get("covariate_name", &DataType::Utf8)?;
         let name = name.as_string::<i32>();
         for i in 0..b.num_rows() {
-            if id.is_null(i) {
+            // The intercept, and aliased columns (NULL estimate) have nothing to plot.
+            if id.is_null(i) || est.is_null(i) {
                 continue;
             }
             let wanted = match &a.report {

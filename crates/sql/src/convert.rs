@@ -795,13 +795,13 @@ pub fn result_schema() -> SchemaRef {
     let fields = vec![
         Field::new("covariate_id", DataType::Int64, true),
         Field::new("covariate", DataType::Utf8, false),
-        f("estimate", false),
+        f("estimate", true),
         f("std_error", true),
         f("std_error_model", true),
         f("std_error_robust", true),
         f("ci_lower", true),
         f("ci_upper", true),
-        f("exp_estimate", false),
+        f("exp_estimate", true),
         Field::new("penalized", DataType::Boolean, false),
         Field::new("model", DataType::Utf8, false),
         f("log_likelihood", false),
@@ -823,15 +823,24 @@ pub fn result_schema() -> SchemaRef {
 pub const RESULT_SCHEMA_VERSION_KEY: &str = "epifusion.result_schema";
 /// Version of [`result_schema`]: bumped when a column changes meaning or is removed (adding
 /// columns at the end does not break readers that select by name).
-pub const RESULT_SCHEMA_VERSION: &str = "2";
+///
+/// Version 3: `estimate` and `exp_estimate` are NULL for an aliased or constant column (R's
+/// `NA`); status `no_finite_mle`.
+pub const RESULT_SCHEMA_VERSION: &str = "3";
 
 /// The statuses a fit reports in the `status` column: `converged` (the stopping rule was met
 /// at a finite optimum), `max_iterations` (stopped at the iteration limit, not converged),
-/// `ill_conditioned` (non-finite values through every retry); the aggregates add
-/// `failed: <error>` for a group whose fit failed. More statuses (e.g. `no_finite_mle`) are
-/// added by the checks of the reliability work; readers must treat unknown values as "not
-/// converged".
-pub const STATUSES: &[&str] = &["converged", "max_iterations", "ill_conditioned"];
+/// `no_finite_mle` (separation or monotone likelihood: some unpenalized coefficients run off to
+/// ±∞; the notes name them, they have no standard error or interval, and their estimates are
+/// where the optimizer stopped), `ill_conditioned` (non-finite values through every retry); the
+/// aggregates add `failed: <error>` for a group whose fit failed. Readers must treat unknown
+/// values as "not converged".
+pub const STATUSES: &[&str] = &[
+    "converged",
+    "max_iterations",
+    "no_finite_mle",
+    "ill_conditioned",
+];
 
 /// The result table: one row per coefficient, with the fit-level values repeated.
 ///
@@ -855,7 +864,9 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         Arc::new(StringArray::from_iter_values(
             c.iter().map(|c| c.name.clone()),
         )),
-        Arc::new(Float64Array::from_iter_values(c.iter().map(|c| c.estimate))),
+        Arc::new(Float64Array::from_iter(
+            c.iter().map(|c| (!c.aliased).then_some(c.estimate)),
+        )),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.std_error_model))),
         Arc::new(Float64Array::from_iter(
@@ -863,8 +874,8 @@ pub fn result_batch(r: &FitResult) -> Result<RecordBatch> {
         )),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_lower))),
         Arc::new(Float64Array::from_iter(c.iter().map(|c| c.ci_upper))),
-        Arc::new(Float64Array::from_iter_values(
-            c.iter().map(|c| c.estimate.exp()),
+        Arc::new(Float64Array::from_iter(
+            c.iter().map(|c| (!c.aliased).then(|| c.estimate.exp())),
         )),
         Arc::new(BooleanArray::from_iter(c.iter().map(|c| Some(c.penalized)))),
         Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
@@ -953,6 +964,7 @@ pub fn table_schema(t: ResultTable) -> SchemaRef {
             f("nonzero_proportion", false),
             Field::new("replicates", DataType::Int64, false),
             Field::new("failed", DataType::Int64, false),
+            Field::new("skipped", DataType::Int64, false),
         ])),
         ResultTable::Replicates => Arc::new(Schema::new(vec![
             Field::new("replicate", DataType::Int64, false),
@@ -1075,6 +1087,7 @@ pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
                 f64s(s.iter().map(|x| x.nonzero).collect()),
                 Arc::new(Int64Array::from(vec![b.replicates as i64; n])),
                 Arc::new(Int64Array::from(vec![b.failed as i64; n])),
+                Arc::new(Int64Array::from(vec![b.skipped as i64; n])),
             ]
         }
         ResultTable::Replicates => {
@@ -1527,6 +1540,7 @@ mod tests {
                     ci_lower: Some(0.3),
                     ci_upper: None,
                     penalized: false,
+                    aliased: false,
                 },
                 Coefficient {
                     covariate_id: 2,
@@ -1538,6 +1552,7 @@ mod tests {
                     ci_lower: None,
                     ci_upper: None,
                     penalized: true,
+                    aliased: false,
                 },
             ],
             log_likelihood: -10.5,

@@ -11,7 +11,14 @@
 //!
 //! Replicate b draws from its own generator seeded by (`seed`, b), and replicates run in
 //! parallel but are collected in order, so the results are the same whatever the thread count.
-//! A replicate whose fit is ill-conditioned is counted and left out.
+//! Coefficients in [`Problem::fixed`] (aliased columns and those with no finite estimate, as
+//! the fit API sets it) stay at β̂ in every replicate.
+//!
+//! A replicate whose fit is ill-conditioned is counted and left out ([`BootstrapResult::failed`]);
+//! so is a resample whose rows carry no information (no events, every weight 0:
+//! [`crate::model::degenerate::check_information`]; [`BootstrapResult::skipped`]). The fit API
+//! says so in its notes, and warns when fewer than [`MIN_REPLICATES`] replicates enter the
+//! summaries. When fewer than 2 replicates are left, the bootstrap fails with a clear error.
 
 use rayon::prelude::*;
 
@@ -20,6 +27,10 @@ use super::cv::{stream_seed, Problem, Resampling};
 use super::prior::Prior;
 use super::rng::Rng;
 use crate::error::{Error, Result};
+
+/// Fewer replicates than this in the summaries make the fit API add a warning note: percentile
+/// intervals from so few draws are unreliable (Efron & Tibshirani suggest ≥ 1000 for them).
+pub const MIN_REPLICATES: usize = 50;
 
 /// Bootstrap options.
 ///
@@ -82,6 +93,11 @@ pub struct BootstrapResult {
     pub replicates: usize,
     /// Replicates left out (ill-conditioned fits).
     pub failed: usize,
+    /// Replicates left out because the resample carries no information (no events, every
+    /// weight 0).
+    pub skipped: usize,
+    /// Why the first skipped replicate was skipped.
+    pub skip_reason: Option<String>,
     /// Units resampled.
     pub by: Resampling,
     /// Seed.
@@ -171,7 +187,13 @@ pub fn bootstrap(
         ));
     }
     let priors = problem.priors(prior);
-    let results: Vec<Option<Vec<f64>>> = (0..opts.replicates)
+    /// What became of one replicate.
+    enum Replicate {
+        Fitted(Vec<f64>),
+        Failed,
+        Skipped(String),
+    }
+    let results: Vec<Replicate> = (0..opts.replicates)
         .into_par_iter()
         .map(|b| {
             let (rows, strata) = draw(
@@ -181,20 +203,54 @@ pub fn bootstrap(
                 opts.seed,
                 b,
             );
-            let mut lik = problem
-                .likelihood_on(&rows, strata.as_deref())
-                .map_err(|e| Error::FitFailed(format!("bootstrap replicate {}: {e}", b + 1)))?;
-            let r = ccd::fit(lik.as_mut(), &priors, beta_hat, None, &problem.ccd)?;
-            Ok((r.status != FitStatus::IllConditioned).then_some(r.beta))
+            let mut lik = match problem.likelihood_on(&rows, strata.as_deref()) {
+                Ok(l) => l,
+                Err(Error::Empty(why)) => return Ok(Replicate::Skipped(why)),
+                Err(e) => {
+                    return Err(Error::FitFailed(format!(
+                        "bootstrap replicate {}: {e}",
+                        b + 1
+                    )))
+                }
+            };
+            let r = ccd::fit(
+                lik.as_mut(),
+                &priors,
+                beta_hat,
+                problem.fixed_mask(),
+                &problem.ccd,
+            )?;
+            Ok(if r.status == FitStatus::IllConditioned {
+                Replicate::Failed
+            } else {
+                Replicate::Fitted(r.beta)
+            })
         })
         .collect::<Result<_>>()?;
-    let failed = results.iter().filter(|r| r.is_none()).count();
-    let estimates: Vec<Vec<f64>> = results.into_iter().flatten().collect();
+    let mut failed = 0;
+    let mut skipped = 0;
+    let mut skip_reason = None;
+    let mut estimates: Vec<Vec<f64>> = Vec::with_capacity(results.len());
+    for r in results {
+        match r {
+            Replicate::Fitted(beta) => estimates.push(beta),
+            Replicate::Failed => failed += 1,
+            Replicate::Skipped(why) => {
+                skipped += 1;
+                skip_reason.get_or_insert(why);
+            }
+        }
+    }
     if estimates.len() < 2 {
         return Err(Error::FitFailed(format!(
-            "bootstrap: only {} of {} replicates could be fitted",
+            "bootstrap: only {} of {} replicates could be fitted ({failed} ill-conditioned, \
+             {skipped} skipped{})",
             estimates.len(),
-            opts.replicates
+            opts.replicates,
+            skip_reason
+                .as_deref()
+                .map(|w| format!(": resamples without information, e.g. {w}"))
+                .unwrap_or_default()
         )));
     }
     let n = estimates.len() as f64;
@@ -219,6 +275,8 @@ pub fn bootstrap(
     Ok(BootstrapResult {
         replicates: estimates.len(),
         failed,
+        skipped,
+        skip_reason,
         by,
         seed: opts.seed,
         level,

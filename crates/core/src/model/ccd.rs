@@ -54,7 +54,9 @@
 //!
 //! A fit that cannot meet its rule reports [`FitStatus::MaxIterations`] (also when the Newton
 //! block stalls: no step length increases f), never `Converged`; non-finite values report
-//! [`FitStatus::IllConditioned`].
+//! [`FitStatus::IllConditioned`]. The fit API ([`crate::fit`]) then checks the unpenalized
+//! coefficients for estimates that are not finite (separation, monotone likelihood) and reports
+//! [`FitStatus::NoFiniteMle`] for them ([`crate::model::degenerate`]).
 //!
 //! **The classic rules** (`objective`, `gradient`) run coordinate descent alone on every free
 //! coefficient, exactly as before the optimality rule existed (drivers without a Newton block —
@@ -104,6 +106,12 @@ pub enum FitStatus {
     MaxIterations,
     /// NaN/∞ persisted through every retry.
     IllConditioned,
+    /// The optimizer stopped, but some unpenalized coefficient has no finite maximum-likelihood
+    /// estimate: the likelihood keeps increasing as it goes to ±∞ (separation in logistic
+    /// regression, monotone likelihood in Cox / Fine–Gray, an all-zero outcome). Set by the fit
+    /// API after the optimization ([`crate::model::degenerate`]); the result's notes name the
+    /// coefficients.
+    NoFiniteMle,
 }
 
 impl FitStatus {
@@ -113,6 +121,7 @@ impl FitStatus {
             FitStatus::Converged => "converged",
             FitStatus::MaxIterations => "max_iterations",
             FitStatus::IllConditioned => "ill_conditioned",
+            FitStatus::NoFiniteMle => "no_finite_mle",
         }
     }
 }
@@ -594,7 +603,17 @@ fn optimality_attempt(
                 obj: &mut obj,
             };
             match newton.step(lik, priors, &cols, at, tol) {
-                NewtonStep::IllConditioned => return ill(beta, iterations, trace),
+                NewtonStep::IllConditioned if trace.is_empty() => {
+                    return ill(beta, iterations, trace)
+                }
+                NewtonStep::IllConditioned => {
+                    // The objective is finite at β (an accepted point) but its derivatives
+                    // overflow there: a coefficient has run off towards infinity (monotone
+                    // likelihood). Stop at β; the rule cannot be met (the fit API then checks
+                    // for estimates that are not finite, `model/degenerate.rs`).
+                    trace.push(obj);
+                    break;
+                }
                 NewtonStep::Converged => {}
                 NewtonStep::Moved => block_done = false,
                 NewtonStep::Stalled => {

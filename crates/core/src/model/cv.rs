@@ -21,6 +21,14 @@
 //! **Grid search** evaluates the given variances from the smallest (strongest penalty) up and
 //! selects the best mean.
 //!
+//! **Degenerate folds.** A fold whose training rows carry no information (no events, every
+//! weight 0 — [`crate::model::degenerate::check_information`]) is skipped for every candidate,
+//! counted and named in [`CvResult::skipped`]; a fold whose held-out rows have no event (a Cox
+//! or Fine–Gray partial likelihood over no event is the empty product) scores a held-out
+//! log-likelihood of 0, as any held-out set without events would, and is counted in
+//! [`CvResult::empty_test_folds`]. When every fold is skipped cross-validation fails with a
+//! clear error.
+//!
 //! **Warm starts and reproducibility.** Each fold keeps its likelihood (one copy of its rows, so
 //! memory is about k copies of the design) and its last β, which starts the next candidate's fit.
 //! Folds run in parallel (rayon); each fold's computation is sequential in candidate order and
@@ -32,6 +40,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::ccd::{self, CcdOptions, FitStatus};
+use super::degenerate::check_information;
 use super::design::{DesignMatrix, INTERCEPT_ID};
 use super::prior::{Prior, PriorSet};
 use super::rng::Rng;
@@ -214,6 +223,10 @@ pub struct CvResult {
     pub stop_reason: String,
     /// CCD fits run (folds × candidates).
     pub fits: usize,
+    /// Folds left out, each as "fold f of repetition r: reason" (module docs).
+    pub skipped: Vec<String>,
+    /// Folds whose held-out rows have no event (held-out log-likelihood 0).
+    pub empty_test_folds: usize,
     /// Wall time, seconds.
     pub seconds: f64,
 }
@@ -233,9 +246,19 @@ pub struct Problem<'a> {
     pub exclude: &'a [i64],
     /// Optimizer options.
     pub ccd: CcdOptions,
+    /// Coefficients held at their starting value in every fit (empty: none). The fit API sets
+    /// it for the bootstrap to the aliased columns and those with no finite estimate, which
+    /// its own fit held fixed ([`crate::model::degenerate`]); cross-validation runs before
+    /// that is known, and an aliased column does not change any held-out prediction.
+    pub fixed: Vec<bool>,
 }
 
 impl Problem<'_> {
+    /// [`Problem::fixed`] as the mask [`ccd::fit`] takes.
+    pub fn fixed_mask(&self) -> Option<&[bool]> {
+        self.fixed.iter().any(|&f| f).then_some(&self.fixed[..])
+    }
+
     /// Covariate ids of the coefficients, in fit order (intercept first when the model has one).
     pub fn coefficient_ids(&self) -> Vec<i64> {
         let mut ids: Vec<i64> = self.design.columns.iter().map(|c| c.id).collect();
@@ -255,13 +278,16 @@ impl Problem<'_> {
         PriorSet::new(prior, &excluded)
     }
 
-    /// The likelihood of the rows `rows` (see [`DesignMatrix::subset_rows`]).
+    /// The likelihood of the rows `rows` (see [`DesignMatrix::subset_rows`]). Rows that carry
+    /// no information (no events, every weight 0: [`check_information`]) give
+    /// [`Error::Empty`], which cross-validation and the bootstrap count and skip.
     pub fn likelihood_on(
         &self,
         rows: &[u32],
         strata: Option<&[u32]>,
     ) -> Result<Box<dyn Likelihood>> {
         let mut sub = self.design.subset_rows(rows, strata);
+        check_information(self.kind, &sub)?;
         if self.kind.has_intercept() && !sub.has_intercept() {
             sub = sub.with_intercept();
         }
@@ -324,7 +350,8 @@ pub fn assign_folds(n_units: usize, folds: usize, repetitions: usize, seed: u64)
 
 struct FoldState {
     train: Box<dyn Likelihood>,
-    test: Box<dyn Likelihood>,
+    /// `None`: the held-out rows have no event (held-out log-likelihood 0).
+    test: Option<Box<dyn Likelihood>>,
     beta: Vec<f64>,
     label: String,
 }
@@ -361,7 +388,7 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
     let tasks: Vec<(usize, usize)> = (0..opts.repetitions)
         .flat_map(|r| (0..opts.folds).map(move |f| (r, f)))
         .collect();
-    let mut states: Vec<FoldState> = tasks
+    let built: Vec<std::result::Result<FoldState, String>> = tasks
         .par_iter()
         .map(|&(r, f)| {
             let label = format!("fold {} of repetition {}", f + 1, r + 1);
@@ -375,21 +402,57 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
                 }
             }
             let wrap = |e: Error| Error::FitFailed(format!("cross-validation, {label}: {e}"));
-            Ok(FoldState {
-                train: problem.likelihood_on(&train, None).map_err(wrap)?,
-                test: problem.likelihood_on(&test, None).map_err(wrap)?,
+            let train = match problem.likelihood_on(&train, None) {
+                Ok(l) => l,
+                Err(Error::Empty(why)) => {
+                    return Ok(Err(format!(
+                        "{label}: training set without information ({why})"
+                    )))
+                }
+                Err(e) => return Err(wrap(e)),
+            };
+            let test = match problem.likelihood_on(&test, None) {
+                Ok(l) => Some(l),
+                Err(Error::Empty(_)) => None,
+                Err(e) => return Err(wrap(e)),
+            };
+            Ok(Ok(FoldState {
+                train,
+                test,
                 beta: vec![0.0; p],
                 label,
-            })
+            }))
         })
         .collect::<Result<_>>()?;
+    let mut skipped = Vec::new();
+    let mut states: Vec<FoldState> = Vec::with_capacity(built.len());
+    for b in built {
+        match b {
+            Ok(s) => states.push(s),
+            Err(why) => skipped.push(why),
+        }
+    }
+    if states.is_empty() {
+        return Err(Error::FitFailed(format!(
+            "cross-validation: all {} folds were skipped ({})",
+            tasks.len(),
+            skipped.join("; ")
+        )));
+    }
+    let empty_test_folds = states.iter().filter(|s| s.test.is_none()).count();
     let mut fits = 0usize;
     let mut evaluate = |v: f64, step: usize, states: &mut Vec<FoldState>| -> Result<CvPoint> {
         let priors = problem.priors(prior.with_variance(v));
         let lls: Vec<f64> = states
             .par_iter_mut()
             .map(|s| {
-                let r = ccd::fit(s.train.as_mut(), &priors, &s.beta, None, &problem.ccd)?;
+                let r = ccd::fit(
+                    s.train.as_mut(),
+                    &priors,
+                    &s.beta,
+                    problem.fixed_mask(),
+                    &problem.ccd,
+                )?;
                 if r.status == FitStatus::IllConditioned {
                     return Err(Error::FitFailed(format!(
                         "cross-validation, {}: the fit at variance {v} is ill-conditioned",
@@ -397,8 +460,11 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
                     )));
                 }
                 s.beta = r.beta;
-                s.test.set_beta(&s.beta);
-                let ll = s.test.log_likelihood();
+                let Some(test) = s.test.as_mut() else {
+                    return Ok(0.0);
+                };
+                test.set_beta(&s.beta);
+                let ll = test.log_likelihood();
                 if !ll.is_finite() {
                     return Err(Error::FitFailed(format!(
                         "cross-validation, {}: held-out log-likelihood at variance {v} is {ll}",
@@ -474,6 +540,8 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
         seed: opts.seed,
         stop_reason,
         fits,
+        skipped,
+        empty_test_folds,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -228,8 +228,8 @@ pub fn profile_interval(
     level: f64,
     opts: &CcdOptions,
 ) -> Result<ProfileInterval> {
-    let (lower, e1) = profile_bound(lik, priors, optimum, j, -1.0, scale, level, opts)?;
-    let (upper, e2) = profile_bound(lik, priors, optimum, j, 1.0, scale, level, opts)?;
+    let (lower, e1) = profile_bound(lik, priors, optimum, j, -1.0, scale, level, &[], opts)?;
+    let (upper, e2) = profile_bound(lik, priors, optimum, j, 1.0, scale, level, &[], opts)?;
     Ok(ProfileInterval {
         lower,
         upper,
@@ -250,6 +250,9 @@ pub struct ProfileTarget {
     pub beta: Vec<f64>,
     /// Objective at `beta`.
     pub objective: f64,
+    /// Coefficients held at their value in `beta` in every refit besides j (aliased columns,
+    /// coefficients with no finite estimate); empty: none.
+    pub fixed: Vec<bool>,
 }
 
 /// Profile intervals of several coefficients, both bounds of each in parallel (rayon), each
@@ -296,6 +299,7 @@ pub fn profile_intervals(
                         dir,
                         tg.scale,
                         level,
+                        &tg.fixed,
                         opts,
                     )
                 })
@@ -343,7 +347,7 @@ pub fn profile_grid(
     right.sort_by(f64::total_cmp);
     let mut inner = opts.clone();
     inner.tolerance = (opts.tolerance * 1e-3).max(1e-13);
-    let mut fixed = vec![false; target.beta.len()];
+    let mut fixed = base_mask(&target.fixed, target.beta.len());
     fixed[j] = true;
     let walk = |mut own: Box<dyn Likelihood>, side: &[f64]| -> Result<Vec<ProfilePoint>> {
         let mut warm = target.beta.clone();
@@ -391,6 +395,7 @@ fn profile_bound(
     dir: f64,
     scale: f64,
     level: f64,
+    base: &[bool],
     opts: &CcdOptions,
 ) -> Result<(Option<f64>, usize)> {
     let beta_hat = optimum.beta;
@@ -398,7 +403,7 @@ fn profile_bound(
     let threshold = objective_hat - profile_threshold(level);
     let mut inner = opts.clone();
     inner.tolerance = (opts.tolerance * 1e-3).max(1e-13);
-    let mut fixed = vec![false; beta_hat.len()];
+    let mut fixed = base_mask(base, beta_hat.len());
     fixed[j] = true;
     let mut evaluations = 0usize;
     let step0 = if scale.is_finite() && scale > 0.0 {
@@ -444,6 +449,15 @@ fn profile_bound(
         eval(x, &mut warm).map(|v| v.unwrap_or(f64::NAN))
     })?;
     Ok((root, evaluations))
+}
+
+/// The mask `base` (empty: nothing fixed) as a vector of `p` flags.
+fn base_mask(base: &[bool], p: usize) -> Vec<bool> {
+    if base.is_empty() {
+        vec![false; p]
+    } else {
+        base.to_vec()
+    }
 }
 
 /// Brent's root finder on [a, b] with f(a)·f(b) ≤ 0, to within `4·ε·|x| + tol`. Returns `None`

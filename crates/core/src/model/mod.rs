@@ -45,6 +45,7 @@ pub mod ccd;
 pub mod censoring;
 pub mod cox;
 pub mod cv;
+pub mod degenerate;
 pub mod design;
 pub mod fine_gray;
 pub mod glm;

@@ -204,7 +204,7 @@ pub(crate) fn block_of(priors: &PriorSet, fixed: Option<&[bool]>, opts: &CcdOpti
 
 /// Cholesky factor of `a` (`k×k`, row-major), or of a Levenberg–Marquardt regularization
 /// a + μ·max_a(a_aa)·Id (μ = 1e-10 … 1e1) when `a` is not positive definite.
-fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
+pub(crate) fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
     if let Some(l) = cholesky(a, k) {
         return Some(l);
     }
