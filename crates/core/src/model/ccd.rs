@@ -69,7 +69,8 @@
 //!   implemented here.) It stops early: a cycle that changes f by 1e-6 relative can leave
 //!   coefficients 1e-3 from the optimum.
 //! * [`Convergence::Gradient`]: the largest unscaled KKT violation seen in the cycle
-//!   ([`kkt_violation`]).
+//!   ([`kkt_violation`]), confirmed at the returned β (gradients recomputed, nothing moved:
+//!   later steps of a cycle move the gradients of earlier coordinates).
 //!
 //! | option | default (fit API) | range |
 //! |---|---|---|
@@ -388,9 +389,31 @@ fn attempt(
         let criterion = opts.convergence.criterion(obj, new_obj, max_violation);
         obj = new_obj;
         let small = criterion < opts.tolerance;
+        // The gradient rule's violations were seen before each step of the cycle; the ones at
+        // the returned β (later steps move earlier gradients) must meet it too.
+        let confirmed = || -> Option<bool> {
+            if opts.convergence != Convergence::Gradient {
+                return Some(true);
+            }
+            let mut worst = 0.0f64;
+            for &j in &all {
+                let (g, _) = lik.gradient_hessian(j);
+                if !g.is_finite() {
+                    return None;
+                }
+                worst = worst.max(kkt_violation(priors.per_coef[j], beta[j], g));
+            }
+            Some(worst < opts.tolerance)
+        };
         if full && small {
-            status = FitStatus::Converged;
-            break;
+            match confirmed() {
+                Some(true) => {
+                    status = FitStatus::Converged;
+                    break;
+                }
+                Some(false) => {}
+                None => return ill(beta, ll, f64::NAN, iterations, trace),
+            }
         }
         if full {
             // Work on the non-zero coordinates next, unless that is (nearly) all of them.
