@@ -255,7 +255,9 @@ pub fn fit_path(
     ccd_opts: &CcdOptions,
 ) -> Result<PathResult> {
     let strong = |lambda: f64, previous: f64| 2.0 * lambda - previous;
-    fit_path_screened(lik, penalized, intercept, opts, n_rows, n_cols, ccd_opts, strong)
+    fit_path_screened(
+        lik, penalized, intercept, opts, n_rows, n_cols, ccd_opts, strong,
+    )
 }
 
 /// [`fit_path`] with the screening threshold `threshold(λ_k, λ_{k−1})` (a penalized zero is
