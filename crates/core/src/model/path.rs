@@ -10,7 +10,8 @@
 //! **λ_max.** With every penalized coefficient at 0 and the unpenalized ones fitted (the "null"
 //! fit), the KKT conditions hold for every λ ≥ max_j |g_j| (g_j = ∂LL/∂β_j at that point), and
 //! for no smaller λ: that maximum is λ_max, the first point of a generated grid, where every
-//! penalized coefficient is 0.
+//! penalized coefficient is 0. Points with λ ≥ λ_max are the null fit itself (as glmnet's first
+//! point), not refitted.
 //!
 //! **The grid** ([`PathGrid::Log`]): `n` values log-spaced from λ_max down to
 //! `min_ratio`·λ_max, both ends included: λ_k = λ_max · min_ratio^{k/(n−1)}. Defaults as
@@ -206,14 +207,29 @@ pub struct PathResult {
     pub seconds: f64,
 }
 
-/// The null fit (every penalized coefficient held at 0, the others fitted from 0) and λ_max
-/// = max over penalized j of |g_j| there. Returns (λ_max, β, gradients: 0 for unpenalized
-/// columns). The likelihood is left at β.
-pub fn lambda_max(
+/// The null fit: every penalized coefficient held at 0, the others fitted (from 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NullFit {
+    /// λ_max = max over penalized j of |g_j| at [`NullFit::beta`].
+    pub lambda_max: f64,
+    /// The coefficients (0 for every penalized one).
+    pub beta: Vec<f64>,
+    /// g_j = ∂LL/∂β_j at `beta` for the penalized columns (0 for the others).
+    pub gradient: Vec<f64>,
+    /// Log-likelihood at `beta`.
+    pub log_likelihood: f64,
+    /// Iterations of the fit of the unpenalized coefficients.
+    pub iterations: usize,
+    /// Its status.
+    pub status: FitStatus,
+}
+
+/// The [`NullFit`] and λ_max. The likelihood is left at its β.
+pub fn null_fit(
     lik: &mut dyn Likelihood,
     penalized: &[bool],
     opts: &CcdOptions,
-) -> Result<(f64, Vec<f64>, Vec<f64>)> {
+) -> Result<NullFit> {
     let p = lik.n_coef();
     check_mask(p, penalized)?;
     if !penalized.iter().any(|&b| b) {
@@ -230,15 +246,22 @@ pub fn lambda_max(
             "path: the fit of the unpenalized coefficients (λ = ∞) is ill-conditioned".into(),
         ));
     }
-    let g = gradients(lik, penalized)?;
-    let lambda_max = g.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let gradient = gradients(lik, penalized)?;
+    let lambda_max = gradient.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     if !(lambda_max > 0.0 && lambda_max.is_finite()) {
         return Err(Error::FitFailed(format!(
             "path: λ_max = {lambda_max}: no penalized coefficient moves the likelihood at the \
              fit of the unpenalized ones"
         )));
     }
-    Ok((lambda_max, r.beta, g))
+    Ok(NullFit {
+        lambda_max,
+        beta: r.beta,
+        gradient,
+        log_likelihood: r.log_likelihood,
+        iterations: r.iterations,
+        status: r.status,
+    })
 }
 
 /// Fit the path of `opts` on `lik` (see the module docs). `penalized[j]` says whether the
@@ -275,7 +298,9 @@ fn fit_path_screened(
 ) -> Result<PathResult> {
     opts.check()?;
     let started = Instant::now();
-    let (lambda_max, mut beta, mut grad) = lambda_max(lik, penalized, ccd_opts)?;
+    let null = null_fit(lik, penalized, ccd_opts)?;
+    let lambda_max = null.lambda_max;
+    let (mut beta, mut grad) = (null.beta.clone(), null.gradient.clone());
     let lambdas = opts.lambdas(lambda_max, n_rows, n_cols);
     let excluded: Vec<bool> = penalized.iter().map(|b| !b).collect();
     let p = beta.len();
@@ -286,6 +311,25 @@ fn fit_path_screened(
     for &lambda in &lambdas {
         ccd_opts.cancel.check()?;
         let priors = PriorSet::new(Prior::Laplace { lambda }, &excluded);
+        if lambda >= lambda_max {
+            // The null fit is the optimum (glmnet's first point): no refit, whose Newton step
+            // on the unpenalized block could nudge a gradient past λ_max by rounding.
+            points.push(PathPoint {
+                lambda,
+                beta: null.beta.clone(),
+                log_likelihood: null.log_likelihood,
+                log_prior: 0.0,
+                non_zero: (0..p)
+                    .filter(|&j| Some(j) != intercept && null.beta[j] != 0.0)
+                    .count(),
+                iterations: null.iterations,
+                status: null.status,
+                strong_set: 0,
+                kkt_refits: 0,
+            });
+            previous = lambda;
+            continue;
+        }
         // The strong set: every unpenalized or non-zero coefficient, and the penalized zeros
         // whose gradient at the previous point is at least 2λ − λ_prev.
         let threshold = threshold(lambda, previous);
@@ -296,7 +340,7 @@ fn fit_path_screened(
             .collect();
         let mut iterations = 0;
         let mut kkt_refits = 0;
-        let status = loop {
+        let (status, log_likelihood) = loop {
             let fixed: Vec<bool> = keep.iter().map(|k| !k).collect();
             let r = ccd::fit(lik, &priors, &beta, Some(&fixed), ccd_opts)?;
             updates += r.coordinate_updates;
@@ -316,12 +360,11 @@ fn fit_path_screened(
                 }
             }
             if !violated {
-                break r.status;
+                // The gradient pass moved nothing: the likelihood is still at β.
+                break (r.status, r.log_likelihood);
             }
             kkt_refits += 1;
         };
-        lik.set_beta(&beta);
-        let log_likelihood = lik.log_likelihood();
         points.push(PathPoint {
             lambda,
             log_prior: priors.log_prior(&beta),
@@ -462,7 +505,8 @@ mod tests {
         let mut lik = cox(6, 3);
         let mut penalized = vec![true; 6];
         penalized[0] = false;
-        let (lmax, _, g) = lambda_max(&mut lik, &penalized, &tight()).unwrap();
+        let null = null_fit(&mut lik, &penalized, &tight()).unwrap();
+        let (lmax, g) = (null.lambda_max, null.gradient);
         let top = (1..6)
             .max_by(|&a, &b| g[a].abs().total_cmp(&g[b].abs()))
             .unwrap();
@@ -588,7 +632,7 @@ mod tests {
 
     #[test]
     fn every_column_excluded_is_an_error() {
-        let e = lambda_max(&mut cox(3, 1), &[false; 3], &tight())
+        let e = null_fit(&mut cox(3, 1), &[false; 3], &tight())
             .unwrap_err()
             .to_string();
         assert!(e.contains("path"), "{e}");
