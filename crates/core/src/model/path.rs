@@ -305,6 +305,13 @@ fn fit_path_screened(
     let excluded: Vec<bool> = penalized.iter().map(|b| !b).collect();
     let p = beta.len();
     let tol = ccd_opts.tolerance;
+    // No Newton polish of the active set: from a warm start coordinate descent needs a few
+    // cycles, and the information matrix of the first (densest) columns to enter costs more
+    // than they save (SCCS paths ran 40% longer with it).
+    let ccd_opts = &CcdOptions {
+        polish_max_block: 0,
+        ..ccd_opts.clone()
+    };
     let mut updates = 0u64;
     let mut points = Vec::with_capacity(lambdas.len());
     let mut previous = lambda_max.max(lambdas[0]);
