@@ -358,7 +358,10 @@ fn fit_path_screened(
                 )));
             }
             beta = r.beta;
-            grad = gradients(lik, penalized)?;
+            // Only the zeros matter: to the KKT check (discarded ones) and the next point's
+            // strong rule (non-zero coefficients are kept whatever their gradient).
+            let zeros: Vec<bool> = (0..p).map(|j| penalized[j] && beta[j] == 0.0).collect();
+            grad = gradients(lik, &zeros)?;
             let mut violated = false;
             for j in 0..p {
                 if !keep[j] && grad[j].abs() > lambda * (1.0 + tol) {
@@ -407,11 +410,12 @@ fn check_mask(p: usize, penalized: &[bool]) -> Result<()> {
     Ok(())
 }
 
-/// g_j = ∂LL/∂β_j at the likelihood's current β for the penalized columns (0 for the others).
-fn gradients(lik: &mut dyn Likelihood, penalized: &[bool]) -> Result<Vec<f64>> {
-    let mut g = vec![0.0; penalized.len()];
+/// g_j = ∂LL/∂β_j at the likelihood's current β for the columns with `which[j]` (0 for the
+/// others).
+fn gradients(lik: &mut dyn Likelihood, which: &[bool]) -> Result<Vec<f64>> {
+    let mut g = vec![0.0; which.len()];
     for (j, gj) in g.iter_mut().enumerate() {
-        if penalized[j] {
+        if which[j] {
             let (v, _) = lik.gradient_hessian(j);
             if !v.is_finite() {
                 return Err(Error::FitFailed(format!(
