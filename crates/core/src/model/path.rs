@@ -25,8 +25,14 @@
 //! test at zero, [`ccd::scaled_violation`]) is checked at the new β̂ over every discarded
 //! coordinate; violators join the fitted set and the point is refitted (warm) until none is
 //! left. The result is therefore the same optimum as without screening (`strong_rule =
-//! false`), to the solver's tolerance. The gradients of that check serve the next point's rule,
-//! so screening costs one gradient pass per point (plus one per refit).
+//! false`), to the solver's tolerance. The gradients of that check (over the zero coefficients
+//! only) serve the next point's rule, so screening costs one gradient pass over the zeros per
+//! point (plus one per refit).
+//!
+//! **Cost.** Each point is one [`ccd::fit`] under the caller's rule and tolerance, without the
+//! Newton polish of the active set (`polish_max_block = 0`: from a warm start a few cycles
+//! suffice, and the information matrix of the densest columns, which enter first, costs more
+//! than it saves). Points with λ ≥ λ_max cost nothing beyond the null fit.
 //!
 //! | option | default | meaning |
 //! |---|---|---|
