@@ -647,6 +647,44 @@ mod tests {
         }
     }
 
+    /// Paths are bit-identical for any thread count (tiny chunks, so that the likelihood's
+    /// walks really run in parallel).
+    #[test]
+    fn paths_do_not_depend_on_threads() {
+        let p = 8;
+        let penalized = vec![true; p];
+        let opts = PathOptions {
+            grid: PathGrid::Log {
+                n: 6,
+                min_ratio: Some(0.05),
+            },
+            strong_rule: true,
+        };
+        let mut bits = Vec::new();
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let r = pool.install(|| {
+                let mut lik = cox(p, 5).with_min_chunk(2);
+                fit_path(&mut lik, &penalized, None, &opts, 400, p, &tight()).unwrap()
+            });
+            let b: Vec<u64> = r
+                .points
+                .iter()
+                .flat_map(|q| {
+                    q.beta
+                        .iter()
+                        .chain([&q.log_likelihood])
+                        .map(|v| v.to_bits())
+                })
+                .collect();
+            bits.push(b);
+        }
+        assert!(bits.iter().all(|b| *b == bits[0]));
+    }
+
     #[test]
     fn every_column_excluded_is_an_error() {
         let e = null_fit(&mut cox(3, 1), &[false; 3], &tight())
