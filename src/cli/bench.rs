@@ -61,6 +61,13 @@ pub(crate) struct BenchArgs {
     /// Visit every coordinate in every cycle (no active-set cycles between full cycles).
     #[arg(long)]
     pub(crate) no_active_set: bool,
+    /// Also time a regularization path of this many λ values, log-spaced from λ_max down to
+    /// the benchmark's λ (warm starts, strong rule), against the single fit at that λ.
+    #[arg(long)]
+    pub(crate) path: Option<usize>,
+    /// With --path: fit every coordinate at every λ (no strong-rule screening).
+    #[arg(long)]
+    pub(crate) no_strong_rule: bool,
 }
 
 /// Reference CPU seconds (DESIGN.md §10 and the bench README) for (model, N), P = 1000.
@@ -147,7 +154,8 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
         opts.device = a.device;
         opts.precision = a.precision;
         let cpu_before = epifusion::bench::cpu_seconds();
-        let keep = (a.cv_folds.is_some() || a.profile_covariate.is_some()).then(|| design.clone());
+        let keep = (a.cv_folds.is_some() || a.profile_covariate.is_some() || a.path.is_some())
+            .then(|| design.clone());
         let r = fit_owned(design, &opts)?;
         let fit_seconds = r.fit_seconds;
         // Building the likelihood (sorting the columns etc.) is the rest of the wall time.
@@ -226,6 +234,79 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
             out["profile_seconds"] = (secs - plain_s).into();
             out["profile_estimate"] = c.estimate.into();
             out["profile_ci"] = serde_json::json!([c.ci_lower, c.ci_upper]);
+        }
+        if let (Some(n), Some(design)) = (a.path, &keep) {
+            use epifusion::model::path::{PathGrid, PathOptions};
+            let mut o = opts.clone();
+            // λ_max first (a one-point path: the fit of the unpenalized coefficients).
+            o.path = Some(PathOptions {
+                grid: PathGrid::Log {
+                    n: 1,
+                    min_ratio: None,
+                },
+                strong_rule: true,
+            });
+            let lambda_max = epifusion::fit::fit(design, &o)?
+                .path
+                .context("a path")?
+                .lambda_max;
+            if lambda >= lambda_max {
+                bail!("--path: λ = {lambda} is not below λ_max = {lambda_max}");
+            }
+            o.path = Some(PathOptions {
+                grid: PathGrid::Log {
+                    n,
+                    min_ratio: Some(lambda / lambda_max),
+                },
+                strong_rule: !a.no_strong_rule,
+            });
+            let cpu_before = epifusion::bench::cpu_seconds();
+            let t = Instant::now();
+            let p = epifusion::fit::fit(design, &o)?;
+            let secs = t.elapsed().as_secs_f64();
+            let path = p.path.as_ref().context("a path")?;
+            if let (Some(a), Some(b)) = (cpu_before, epifusion::bench::cpu_seconds()) {
+                out["path_cpu_seconds"] = (b - a).into();
+            }
+            let last = path.points.last().context("a path point")?;
+            let gap = r
+                .coefficients
+                .iter()
+                .zip(&last.beta)
+                .map(|(c, b)| (c.estimate - b).abs())
+                .fold(0.0, f64::max);
+            out["path_lambdas"] = path.points.len().into();
+            out["path_lambda_max"] = lambda_max.into();
+            out["path_strong_rule"] = path.strong_rule.into();
+            out["path_seconds"] = path.seconds.into();
+            out["path_total_seconds"] = secs.into();
+            out["path_over_fit"] = (path.seconds / fit_seconds.max(1e-12)).into();
+            out["path_iterations"] = path
+                .points
+                .iter()
+                .map(|q| q.iterations)
+                .sum::<usize>()
+                .into();
+            out["path_kkt_refits"] = path
+                .points
+                .iter()
+                .map(|q| q.kkt_refits)
+                .sum::<usize>()
+                .into();
+            out["path_mean_strong_set"] = (path.points.iter().map(|q| q.strong_set).sum::<usize>()
+                as f64
+                / path.points.len() as f64)
+                .into();
+            out["path_coordinate_updates"] = path.coordinate_updates.into();
+            out["path_converged"] = path
+                .points
+                .iter()
+                .filter(|q| q.status == epifusion::model::ccd::FitStatus::Converged)
+                .count()
+                .into();
+            out["path_last_objective"] = (last.log_likelihood + last.log_prior).into();
+            out["path_last_nonzero"] = last.non_zero.into();
+            out["path_last_max_gap_to_fit"] = gap.into();
         }
     }
     let rss = epifusion::bench::peak_rss_bytes();
@@ -325,6 +406,23 @@ pub(crate) fn print_bench_text(v: &serde_json::Value) {
                 "{s:.3} s (fit {:.3} s), interval {}",
                 num("profile_fit_seconds").unwrap_or(0.0),
                 f("profile_ci")
+            )
+        }),
+    );
+    line(
+        "path",
+        num("path_seconds").map(|s| {
+            format!(
+                "{} λ from λ_max {:.4e}: {s:.3} s ({:.1}× the fit), {} iterations, {} KKT \
+                 refits, mean strong set {:.1}, last objective {:.6}, max |Δβ| to the fit {:.2e}",
+                num("path_lambdas").unwrap_or(0.0),
+                num("path_lambda_max").unwrap_or(0.0),
+                num("path_over_fit").unwrap_or(0.0),
+                num("path_iterations").unwrap_or(0.0),
+                num("path_kkt_refits").unwrap_or(0.0),
+                num("path_mean_strong_set").unwrap_or(0.0),
+                num("path_last_objective").unwrap_or(0.0),
+                num("path_last_max_gap_to_fit").unwrap_or(0.0),
             )
         }),
     );

@@ -120,12 +120,28 @@ pub(crate) struct FitArgs {
     /// Write the bootstrap summary per coefficient.
     #[arg(long)]
     pub(crate) bootstrap_output: Option<PathBuf>,
+    /// Fit a regularization path of the Laplace prior with this many λ values, log-spaced from
+    /// λ_max down (`path.n`; glmnet's default is 100); the printed coefficients are the fit at
+    /// the smallest λ, --path-output writes every point.
+    #[arg(long, conflicts_with_all = ["lambda", "variance", "cv"])]
+    pub(crate) path: Option<usize>,
+    /// Smallest λ / λ_max of the path [1e-4 if rows > covariates, else 0.01]
+    /// (`path.min_ratio`).
+    #[arg(long)]
+    pub(crate) path_min_ratio: Option<f64>,
+    /// Fit the path at these λ values (comma-separated; our λ, not divided by n) instead of
+    /// a grid (`path.lambdas`).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["lambda", "variance", "cv", "path"])]
+    pub(crate) path_lambdas: Vec<f64>,
+    /// Write the regularization path: one row per λ and coefficient (.csv, .json or .parquet).
+    #[arg(long)]
+    pub(crate) path_output: Option<PathBuf>,
 }
 
 /// The options model ([`epifusion::options::FitSpec`]) from `--options` and the flags, the
 /// flags setting keys on top of the JSON document.
 pub(crate) fn fit_spec(a: &FitArgs) -> Result<FitSpec> {
-    use epifusion::options::{BootstrapSpec, CvSpec, ListOr, ProfileSpec, Toggle};
+    use epifusion::options::{BootstrapSpec, CvSpec, ListOr, PathSpec, ProfileSpec, Toggle};
     let mut spec = match &a.options {
         Some(json) => epifusion::engine::options::parse_fit_spec(json)?,
         None => FitSpec::default(),
@@ -188,8 +204,28 @@ pub(crate) fn fit_spec(a: &FitArgs) -> Result<FitSpec> {
     if a.profile_output.is_some() && !a.profile_grid {
         bail!("--profile-output needs --profile-grid (and --profile ids)");
     }
+    if a.path.is_some() || a.path_min_ratio.is_some() || !a.path_lambdas.is_empty() {
+        let mut p = match spec.path.take() {
+            None | Some(ListOr::Flag(_)) => PathSpec::default(),
+            Some(ListOr::List(l)) => PathSpec {
+                lambdas: Some(l),
+                ..Default::default()
+            },
+            Some(ListOr::Object(p)) => p,
+        };
+        p.n = a.path.or(p.n);
+        p.min_ratio = a.path_min_ratio.or(p.min_ratio);
+        if !a.path_lambdas.is_empty() {
+            p.lambdas = Some(a.path_lambdas.clone());
+        }
+        spec.path = Some(ListOr::Object(p));
+    }
+    let has_path = !matches!(spec.path, None | Some(ListOr::Flag(false)));
+    if a.path_output.is_some() && !has_path {
+        bail!("--path-output needs a path (--path N, --path-lambdas or `path` in --options)");
+    }
     if spec.table.is_some() {
-        bail!("--options: `table` is for the SQL table functions; use --cv-output, --profile-output or --bootstrap-output");
+        bail!("--options: `table` is for the SQL table functions; use --cv-output, --profile-output, --bootstrap-output or --path-output");
     }
     Ok(spec)
 }
@@ -201,6 +237,7 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
         &a.cv_output,
         &a.profile_output,
         &a.bootstrap_output,
+        &a.path_output,
     ]
     .into_iter()
     .flatten()
@@ -265,6 +302,21 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
             b.seconds
         );
     }
+    if let Some(p) = &result.path {
+        let last = p.points.last().map_or(f64::NAN, |q| q.lambda);
+        eprintln!(
+            "path: {} λ from {:.6e} to {:.6e} (λ_max {:.6e}; strong rule {}), {} coordinate \
+             updates, {:.3} s; the coefficients below are the fit at λ = {:.6e}",
+            p.points.len(),
+            p.points.first().map_or(f64::NAN, |q| q.lambda),
+            last,
+            p.lambda_max,
+            if p.strong_rule { "on" } else { "off" },
+            p.coordinate_updates,
+            p.seconds,
+            last
+        );
+    }
     print!("{}", convert::format_result_table(&result));
     println!("{}", summary_line(&result, load_seconds));
     let outputs = [
@@ -272,6 +324,7 @@ pub(crate) fn run_fit(a: &FitArgs) -> Result<()> {
         (&a.cv_output, ResultTable::Cv),
         (&a.profile_output, ResultTable::Profile),
         (&a.bootstrap_output, ResultTable::Bootstrap),
+        (&a.path_output, ResultTable::Path),
     ];
     for (out, table) in outputs {
         if let Some(out) = out {

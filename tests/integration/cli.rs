@@ -325,3 +325,74 @@ fn intercept_marker_is_not_a_covariate_id() {
         "{err}"
     );
 }
+
+/// `fit --path N --path-output FILE`: the path table has one row per (λ, coefficient), its
+/// first λ is λ_max with only the unpenalized coefficient non-zero, and the printed
+/// coefficients are its last point. A fixed λ with a path is refused.
+#[test]
+fn path_from_the_command_line() {
+    let dir = temp_dir("path");
+    let out = dir.join("path.csv").display().to_string();
+    let args = [
+        "fit",
+        "--model",
+        "cox",
+        "--outcomes",
+        "tests/data/survival_rossi.csv",
+        "--time",
+        "week",
+        "--y",
+        "arrest",
+        "--covariates-columns",
+        "fin,age,race,wexp,mar,paro,prio",
+        "--exclude",
+        "fin",
+    ];
+    let mut with_path = args.to_vec();
+    with_path.extend([
+        "--path",
+        "12",
+        "--path-min-ratio",
+        "0.01",
+        "--path-output",
+        &out,
+    ]);
+    let o = epifusion(&with_path);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("path: 12 λ"), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(&out).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(
+        header[..5],
+        [
+            "lambda",
+            "covariate_id",
+            "estimate",
+            "log_likelihood",
+            "non_zero"
+        ]
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 12 * 7);
+    for r in &rows[..7] {
+        let nonzero = r[2].parse::<f64>().unwrap() != 0.0;
+        assert_eq!(nonzero, r[5] == "fin", "{r:?}");
+        assert_eq!(r[4], "1");
+    }
+    let last_fin: f64 = rows[11 * 7][2].parse().unwrap();
+    let printed = stdout(&o);
+    let fin_line = printed.lines().find(|l| l.starts_with("fin")).unwrap();
+    let fin: f64 = fin_line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!((fin - last_fin).abs() < 1e-6, "{fin} vs {last_fin}");
+    let mut fixed = args.to_vec();
+    fixed.extend(["--options", r#"{"path": {"n": 5}, "lambda": 2}"#]);
+    let o = epifusion(&fixed);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("lambda") && stderr(&o).contains("path"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -35,6 +35,7 @@
 //! | `se` | robust for Fine–Gray, model otherwise | [`SeMethod`]: the standard error reported as `std_error` and used by Wald intervals: observed information, or the robust sandwich of [`crate::model::robust`] (Fine & Gray's with `crr`'s censoring term; Lin–Wei for Cox; clusters from [`crate::model::design::Rows::cluster`]) |
 //! | `ci` | profile (Wald for Fine–Gray) | [`CiMethod`]: profile / Wald intervals of the unpenalized coefficients, or bootstrap percentile intervals of all |
 //! | `cv` | none | [`CvOptions`]: choose the prior variance by cross-validation ([`crate::model::cv`]) |
+//! | `path` | none | [`PathOptions`]: fit a regularization path of the Laplace prior ([`crate::model::path`]); the result's coefficients are the fit at the path's smallest λ, [`FitResult::path`] holds every point |
 //! | `bootstrap` | none | [`BootstrapOptions`] ([`crate::model::bootstrap`]); `ci = bootstrap` implies the defaults |
 //! | `profile` | none | [`ProfileOptions`]: profile intervals of chosen (also penalized) coefficients and likelihood profiles on a grid |
 //! | `ci_level` | 0.95 | in (0, 1) |
@@ -72,6 +73,7 @@ use crate::model::cv::{self, CvOptions, CvResult, Problem};
 use crate::model::degenerate::{self, ColumnFacts};
 use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
+use crate::model::path::{self, PathOptions, PathResult};
 use crate::model::prior::{Prior, PriorSet};
 use crate::model::{Likelihood, LikelihoodOptions, ModelKind, Ties};
 
@@ -226,6 +228,9 @@ pub struct FitOptions {
     pub bootstrap: Option<BootstrapOptions>,
     /// Profiles of chosen coefficients.
     pub profile: ProfileOptions,
+    /// A regularization path of the Laplace prior (its λ is then the path's, not
+    /// [`FitOptions::prior`]'s).
+    pub path: Option<PathOptions>,
 }
 
 impl FitOptions {
@@ -255,6 +260,7 @@ impl FitOptions {
             cv: None,
             bootstrap: None,
             profile: ProfileOptions::default(),
+            path: None,
         }
     }
 
@@ -281,6 +287,33 @@ impl FitOptions {
         }
         if let Some(b) = &self.bootstrap {
             b.check()?;
+        }
+        if let Some(p) = &self.path {
+            p.check()?;
+            if !matches!(self.prior, Prior::Laplace { .. }) {
+                return Err(Error::option(
+                    "path",
+                    format!(
+                        "a regularization path is a path of the Laplace (L1) prior's λ; `prior` \
+                         is {} (leave it out, or give laplace)",
+                        self.prior.name()
+                    ),
+                ));
+            }
+            if self.cv.is_some() {
+                return Err(Error::option(
+                    "path",
+                    "conflicts with `cv`: give one (cross-validation along a path is not \
+                     supported yet)",
+                ));
+            }
+            if self.bootstrap.is_some() || self.ci == CiMethod::Bootstrap {
+                return Err(Error::option(
+                    "path",
+                    "conflicts with `bootstrap` (and `ci: bootstrap`): bootstrap one fit at a \
+                     chosen `lambda` instead",
+                ));
+            }
         }
         if let Some(g) = &self.profile.grid {
             if self.profile.covariates.is_empty() {
@@ -380,6 +413,8 @@ pub struct FitResult {
     pub bootstrap: Option<BootstrapResult>,
     /// Likelihood profiles (`profile.grid`).
     pub profiles: Vec<Profile>,
+    /// The regularization path (`path`); the coefficients above are its last point's.
+    pub path: Option<PathResult>,
 }
 
 impl FitResult {
@@ -664,12 +699,86 @@ fn finish(
         .iter()
         .map(|c| c.id == INTERCEPT_ID || opts.exclude.contains(&c.id))
         .collect();
+    if let Some(path_opts) = &opts.path {
+        return finish_path(
+            lik, shape, opts, path_opts, &excluded, started, device, design,
+        );
+    }
     let priors = PriorSet::new(prior, &excluded);
-    let (mut r, held) = fit_shape(lik, shape, &priors, opts, started, design, gpu)?;
+    let (mut r, held) = fit_shape(lik, shape, &priors, opts, started, design, gpu, None)?;
     r.device = device.name;
     r.notes.extend(device.note.iter().cloned());
     r.device_note = device.note;
     r.prior = prior;
+    Ok((r, held))
+}
+
+/// A regularization path ([`crate::model::path`]) on the CPU likelihood, then the fit at its
+/// smallest λ (warm-started at the path's last point: it only confirms the optimum and adds
+/// standard errors and intervals of the unpenalized coefficients).
+#[allow(clippy::too_many_arguments)]
+fn finish_path(
+    lik: &mut dyn Likelihood,
+    shape: &Shape,
+    opts: &FitOptions,
+    path_opts: &PathOptions,
+    excluded: &[bool],
+    started: Instant,
+    device: Resolved,
+    design: Option<&DesignMatrix>,
+) -> Result<(FitResult, Vec<bool>)> {
+    let penalized: Vec<bool> = excluded.iter().map(|e| !e).collect();
+    let intercept = shape.labels.iter().position(|l| l.id == INTERCEPT_ID);
+    let n_cols = shape.labels.len() - usize::from(intercept.is_some());
+    let path = path::fit_path(
+        lik,
+        &penalized,
+        intercept,
+        path_opts,
+        shape.n_rows,
+        n_cols,
+        &opts.ccd,
+    )?;
+    let last = path
+        .points
+        .last()
+        .ok_or_else(|| Error::FitFailed("internal: a path with no points".into()))?;
+    let prior = Prior::Laplace {
+        lambda: last.lambda,
+    };
+    let priors = PriorSet::new(prior, excluded);
+    let start = last.beta.clone();
+    let (mut r, held) = fit_shape(
+        lik,
+        shape,
+        &priors,
+        opts,
+        started,
+        design,
+        false,
+        Some(&start),
+    )?;
+    let not_converged = path
+        .points
+        .iter()
+        .filter(|q| q.status != FitStatus::Converged)
+        .count();
+    if not_converged > 0 {
+        r.notes.push(format!(
+            "{not_converged} of the path's {} points did not meet the convergence rule \
+             (see the `status` column of `table: path`)",
+            path.points.len()
+        ));
+    }
+    if device.gpu {
+        r.notes
+            .push("the regularization path runs on the CPU (no GPU path yet)".into());
+    } else {
+        r.notes.extend(device.note.iter().cloned());
+        r.device_note = device.note;
+    }
+    r.prior = prior;
+    r.path = Some(path);
     Ok((r, held))
 }
 
@@ -693,9 +802,11 @@ pub fn fit_likelihood(
     if lik.n_coef() == labels.len() + 1 && !x.has_intercept() {
         shape.prepend_intercept();
     }
-    fit_shape(lik, &shape, priors, opts, started, Some(x), false).map(|(r, _)| r)
+    fit_shape(lik, &shape, priors, opts, started, Some(x), false, None).map(|(r, _)| r)
 }
 
+/// The fit (from `start`, or from 0) with its standard errors, intervals and profiles.
+#[allow(clippy::too_many_arguments)]
 fn fit_shape(
     lik: &mut dyn Likelihood,
     x: &Shape,
@@ -704,9 +815,13 @@ fn fit_shape(
     started: Instant,
     design: Option<&DesignMatrix>,
     gpu: bool,
+    start: Option<&[f64]>,
 ) -> Result<(FitResult, Vec<bool>)> {
     let p = x.labels.len();
-    let beta0 = vec![0.0; p];
+    let mut beta0 = match start {
+        Some(b) => b.to_vec(),
+        None => vec![0.0; p],
+    };
     let mut gpu_stats = None;
     let mut notes = Vec::new();
     // Aliased and constant unpenalized columns are held at 0 ([`degenerate`]).
@@ -715,6 +830,7 @@ fn fit_shape(
     let mut fixed = vec![false; p];
     for a in &aliases {
         fixed[a.j] = true;
+        beta0[a.j] = 0.0;
         notes.push(degenerate::alias_note(a, &x.labels, opts.model));
     }
     let any_fixed = !aliases.is_empty();
@@ -942,6 +1058,7 @@ fn fit_shape(
         cv: None,
         bootstrap: None,
         profiles,
+        path: None,
     };
     Ok((result, fixed))
 }
@@ -1018,4 +1135,69 @@ fn profile_target(
         beta: r.beta,
         fixed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::path::PathGrid;
+
+    fn path_opts(model: ModelKind, exclude: Vec<i64>) -> FitOptions {
+        let mut o = FitOptions::new(model);
+        o.prior = Prior::Laplace { lambda: 1.0 };
+        o.exclude = exclude;
+        o.ci = CiMethod::Wald;
+        o.path = Some(PathOptions {
+            grid: PathGrid::Log {
+                n: 12,
+                min_ratio: Some(0.05),
+            },
+            strong_rule: true,
+        });
+        o
+    }
+
+    /// The fit API's path: the coefficients are the last point's, its prior is the smallest
+    /// λ, λ_max leaves only the unpenalized coefficients non-zero (the intercept not counted),
+    /// and `fit_owned` gives the same path.
+    #[test]
+    fn path_through_the_fit_api() {
+        for (model, exclude, counted) in [
+            (ModelKind::Cox, vec![3], 1),
+            (ModelKind::Logistic, vec![], 0),
+        ] {
+            let data = crate::bench::cox_data(600, 20, 0.2, 5).unwrap();
+            let o = path_opts(model, exclude.clone());
+            let r = fit(&data.design, &o).unwrap();
+            let path = r.path.as_ref().expect("a path");
+            assert_eq!(path.points.len(), 12);
+            assert_eq!(path.points[0].lambda, path.lambda_max);
+            assert_eq!(path.points[0].non_zero, counted, "{model:?}");
+            let last = path.points.last().unwrap();
+            assert_eq!(
+                r.prior,
+                Prior::Laplace {
+                    lambda: last.lambda
+                }
+            );
+            assert_eq!(r.status, FitStatus::Converged);
+            for (c, b) in r.coefficients.iter().zip(&last.beta) {
+                assert!(
+                    (c.estimate - b).abs() < 1e-6,
+                    "{model:?} {}",
+                    c.covariate_id
+                );
+            }
+            for &id in &exclude {
+                assert!(r.coefficient(id).unwrap().std_error.is_some());
+            }
+            let owned = fit_owned(data.design.clone(), &o).unwrap();
+            assert_eq!(owned.path.as_ref().unwrap().points, path.points);
+            // A fixed λ with a path is refused by the options model, and a Normal prior here.
+            let mut bad = o.clone();
+            bad.prior = Prior::Normal { variance: 1.0 };
+            let e = fit(&data.design, &bad).unwrap_err().to_string();
+            assert!(e.contains("path") && e.contains("Laplace"), "{e}");
+        }
+    }
 }

@@ -9,8 +9,9 @@
 //! [`FIT_OPTIONS`], from which the README, `pipelines/README.md`, `epifusion_functions()` and
 //! the CLI help are generated (a test fails when a document drifts from it).
 //!
-//! **A variance or λ with no prior means a Laplace prior, everywhere**, and so does `cv` with no
-//! prior (cross-validation chooses a Laplace variance unless `prior` says `normal`).
+//! **A variance or λ with no prior means a Laplace prior, everywhere**, and so do `path` and
+//! `cv` with no prior (cross-validation chooses a Laplace variance unless `prior` says `normal`;
+//! a path is always one of the Laplace prior's λ).
 #![doc = include_str!("../fit_options.md")]
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -22,6 +23,7 @@ use crate::fit::{default_profile_grid, CiMethod, FitOptions, ProfileOptions, SeM
 use crate::model::bootstrap::BootstrapOptions;
 use crate::model::ccd::Convergence;
 use crate::model::cv::{log_grid, CvOptions, CvSearch, Resampling};
+use crate::model::path::{PathGrid, PathOptions};
 use crate::model::prior::Prior;
 use crate::model::{ModelKind, Ties};
 
@@ -64,7 +66,7 @@ const fn doc(
 /// Every fit option key (nested keys as `cv.folds`): the one table the documents are generated
 /// from.
 pub const FIT_OPTIONS: &[OptionDoc] = &[
-    doc("prior", "string", "`none` (`laplace` when `variance`, `lambda` or `cv` is given)", "`none`, `laplace` or `normal`"),
+    doc("prior", "string", "`none` (`laplace` when `variance`, `lambda`, `cv` or `path` is given)", "`none`, `laplace` or `normal`"),
     doc("variance", "number", "–", "prior variance (Laplace λ = √(2/v), Normal σ² = v)"),
     doc("lambda", "number", "–", "Laplace λ (objective LL − λΣ\\|β\\|, not scaled by n), or the ridge λ (σ² = 1/λ)"),
     doc("exclude", "array of ints", "`[]`", "covariate ids never penalized (the intercept never is)"),
@@ -95,7 +97,12 @@ pub const FIT_OPTIONS: &[OptionDoc] = &[
     doc("profile.covariates", "array of ints", "`[]`", "covariate ids that get a profile interval even when penalized"),
     doc("profile.include_penalty", "bool", "`true`", "whether the profiled objective keeps the coefficient's own penalty"),
     doc("profile.grid", "`true`, array or object", "–", "β values of the likelihood profiles: `true` for CohortMethod's 1000 values of log 0.1 … log 10, an array, or `from`, `to`, `steps` (≤ 100,000)"),
-    doc("table", "string", "`coefficients`", "what a `*_fit` table function returns: `coefficients`, `cv`, `profile`, `bootstrap` or `replicates`"),
+    doc("path", "object, array or `true`", "–", "fit a regularization path of the Laplace prior, λ from λ_max (the smallest λ at which every penalized coefficient is 0, given the unpenalized ones) down, with warm starts and the sequential strong rule (KKT re-checked); the coefficients returned are the fit at the smallest λ, `table: path` returns every point. An array is `lambdas`; conflicts with `lambda`, `variance`, `cv` and `bootstrap`; `prior` must be laplace or left out"),
+    doc("path.n", "int", "`100`", "number of λ values, log-spaced from λ_max to `min_ratio`·λ_max (glmnet's `nlambda`), 1–10,000"),
+    doc("path.min_ratio", "number", "`1e-4` if rows > covariates, else `0.01`", "smallest λ / λ_max, in (0, 1) (glmnet's `lambda.min.ratio`)"),
+    doc("path.lambdas", "array of numbers", "–", "these λ values instead of a grid (our λ: objective LL − λΣ\\|β\\|, not scaled by n; glmnet's λ = this λ / n), fitted from the largest down"),
+    doc("path.strong_rule", "bool", "`true`", "screen coefficients with the sequential strong rule (discarded ones are re-checked against the KKT conditions, so the result is the same)"),
+    doc("table", "string", "`coefficients`", "what a `*_fit` table function returns: `coefficients`, `cv`, `profile`, `bootstrap`, `replicates` or `path` (one row per λ and coefficient: lambda, covariate_id, estimate, log_likelihood, non_zero, …)"),
 ];
 
 /// The option table as Markdown (`| key | type | default | meaning |`), the block the README,
@@ -283,6 +290,46 @@ pub struct ProfileSpec {
     pub grid: Option<ListOr<f64, LinearGridSpec>>,
 }
 
+/// The `path` object.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathSpec {
+    /// `path.n`.
+    pub n: Option<usize>,
+    /// `path.min_ratio`.
+    pub min_ratio: Option<f64>,
+    /// `path.lambdas`.
+    pub lambdas: Option<Vec<f64>>,
+    /// `path.strong_rule`.
+    pub strong_rule: Option<bool>,
+}
+
+impl PathSpec {
+    /// Validate into [`PathOptions`].
+    pub fn check(self) -> Result<PathOptions> {
+        let d = PathOptions::default();
+        let grid = match (self.lambdas, self.n, self.min_ratio) {
+            (Some(l), None, None) => PathGrid::Lambdas(l),
+            (Some(_), _, _) => {
+                return Err(Error::option(
+                    "path.lambdas",
+                    "give either `lambdas` or a grid (`n`, `min_ratio`), not both",
+                ))
+            }
+            (None, n, min_ratio) => PathGrid::Log {
+                n: n.unwrap_or(crate::model::path::DEFAULT_N),
+                min_ratio,
+            },
+        };
+        let o = PathOptions {
+            grid,
+            strong_rule: self.strong_rule.unwrap_or(d.strong_rule),
+        };
+        o.check()?;
+        Ok(o)
+    }
+}
+
 /// Fit options as written (see the module documentation and [`FIT_OPTIONS`]).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -321,6 +368,8 @@ pub struct FitSpec {
     pub bootstrap: Option<Toggle<BootstrapSpec>>,
     /// `profile` (an array is shorthand for `covariates`).
     pub profile: Option<ListOr<i64, ProfileSpec>>,
+    /// `path` (an array is shorthand for `lambdas`).
+    pub path: Option<ListOr<f64, PathSpec>>,
     /// `table` (checked by the SQL layer, which returns the table).
     pub table: Option<String>,
 }
@@ -480,14 +529,66 @@ impl FitSpec {
             Some(t) => t.into_spec().map(CvSpec::check).transpose()?,
             None => None,
         };
-        // A variance, λ or cross-validation with no prior means a Laplace prior.
-        let penalty_given = self.variance.is_some() || self.lambda.is_some() || o.cv.is_some();
+        o.path = match self.path {
+            None | Some(ListOr::Flag(false)) => None,
+            Some(ListOr::Flag(true)) => Some(PathOptions::default()),
+            Some(ListOr::List(l)) => Some(
+                PathSpec {
+                    lambdas: Some(l),
+                    ..Default::default()
+                }
+                .check()?,
+            ),
+            Some(ListOr::Object(p)) => Some(p.check()?),
+        };
+        if o.path.is_some() {
+            // The path chooses λ: a fixed one, or a variance, contradicts it.
+            for (given, key) in [
+                (self.lambda.is_some(), "lambda"),
+                (self.variance.is_some(), "variance"),
+            ] {
+                if given {
+                    return Err(Error::option(
+                        key,
+                        "conflicts with `path`, which fits a grid of λ values (give chosen \
+                         values as `path.lambdas`)",
+                    ));
+                }
+            }
+            if o.cv.is_some() {
+                return Err(Error::option(
+                    "path",
+                    "conflicts with `cv`: give one (cross-validation along a path is not \
+                     supported yet)",
+                ));
+            }
+            match self.prior.as_deref() {
+                None => {}
+                Some(f)
+                    if ["laplace", "l1", "lasso"].contains(&f.to_ascii_lowercase().as_str()) => {}
+                Some(f) => {
+                    return Err(Error::option(
+                        "prior",
+                        format!(
+                            "`path` is a path of the Laplace (L1) prior's λ; `{f}` has none \
+                             (leave `prior` out, or give laplace)"
+                        ),
+                    ))
+                }
+            }
+        }
+        // A variance, λ, cross-validation or a path with no prior means a Laplace prior.
+        let penalty_given =
+            self.variance.is_some() || self.lambda.is_some() || o.cv.is_some() || o.path.is_some();
         let family = match self.prior.as_deref() {
             Some(f) => f.to_string(),
             None if penalty_given => "laplace".into(),
             None => "none".into(),
         };
-        o.prior = if o.cv.is_some() && self.variance.is_none() && self.lambda.is_none() {
+        o.prior = if o.path.is_some() {
+            // λ comes from the path; 1 is a placeholder.
+            Prior::Laplace { lambda: 1.0 }
+        } else if o.cv.is_some() && self.variance.is_none() && self.lambda.is_none() {
             // The variance is chosen by cross-validation; 1 is a placeholder.
             if family.eq_ignore_ascii_case("none") {
                 return Err(Error::option(
@@ -684,23 +785,147 @@ mod tests {
         let cv = format!("{:?}", CvSpec::default());
         let bs = format!("{:?}", BootstrapSpec::default());
         let pr = format!("{:?}", ProfileSpec::default());
+        let pa = format!("{:?}", PathSpec::default());
         for d in FIT_OPTIONS {
             if let Some((group, key)) = d.key.split_once('.') {
                 let s = match group {
                     "cv" => &cv,
                     "bootstrap" => &bs,
                     "profile" => &pr,
+                    "path" => &pa,
                     other => panic!("unknown group {other}"),
                 };
                 assert!(s.contains(&format!("{key}: None")), "{}", d.key);
             }
         }
-        for (s, group) in [(&cv, "cv"), (&bs, "bootstrap"), (&pr, "profile")] {
+        for (s, group) in [
+            (&cv, "cv"),
+            (&bs, "bootstrap"),
+            (&pr, "profile"),
+            (&pa, "path"),
+        ] {
             let n = FIT_OPTIONS
                 .iter()
                 .filter(|d| d.key.starts_with(&format!("{group}.")))
                 .count();
             assert_eq!(s.matches(": None").count(), n, "{group}");
+        }
+    }
+
+    #[test]
+    fn path_options_and_their_conflicts() {
+        let o = spec(FitSpec {
+            path: Some(ListOr::Flag(true)),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(o.path, Some(PathOptions::default()));
+        assert!(matches!(o.prior, Prior::Laplace { .. }));
+        let o = spec(FitSpec {
+            path: Some(ListOr::List(vec![3.0, 1.0])),
+            exclude: Some(vec![1]),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(o.path.unwrap().grid, PathGrid::Lambdas(vec![3.0, 1.0]));
+        let o = spec(FitSpec {
+            path: Some(ListOr::Object(PathSpec {
+                n: Some(50),
+                min_ratio: Some(0.01),
+                ..Default::default()
+            })),
+            prior: Some("laplace".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            o.path.unwrap().grid,
+            PathGrid::Log {
+                n: 50,
+                min_ratio: Some(0.01)
+            }
+        );
+        let path = || {
+            Some(ListOr::Object(PathSpec {
+                n: Some(10),
+                ..Default::default()
+            }))
+        };
+        for (s, key) in [
+            (
+                FitSpec {
+                    path: path(),
+                    lambda: Some(1.0),
+                    ..Default::default()
+                },
+                "lambda",
+            ),
+            (
+                FitSpec {
+                    path: path(),
+                    variance: Some(1.0),
+                    ..Default::default()
+                },
+                "variance",
+            ),
+            (
+                FitSpec {
+                    path: path(),
+                    cv: Some(Toggle::On(true)),
+                    ..Default::default()
+                },
+                "cv",
+            ),
+            (
+                FitSpec {
+                    path: path(),
+                    prior: Some("normal".into()),
+                    ..Default::default()
+                },
+                "prior",
+            ),
+            (
+                FitSpec {
+                    path: path(),
+                    bootstrap: Some(Toggle::On(true)),
+                    ..Default::default()
+                },
+                "bootstrap",
+            ),
+            (
+                FitSpec {
+                    path: Some(ListOr::Object(PathSpec {
+                        n: Some(10),
+                        lambdas: Some(vec![1.0]),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+                "path.lambdas",
+            ),
+            (
+                FitSpec {
+                    path: Some(ListOr::Object(PathSpec {
+                        min_ratio: Some(2.0),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+                "path.min_ratio",
+            ),
+            (
+                FitSpec {
+                    path: Some(ListOr::Object(PathSpec {
+                        n: Some(1_000_000),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+                "path.n",
+            ),
+        ] {
+            let e = spec(s).unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
         }
     }
 

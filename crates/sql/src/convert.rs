@@ -972,10 +972,31 @@ pub fn table_schema(t: ResultTable) -> SchemaRef {
             name(),
             f("estimate", false),
         ])),
+        ResultTable::Path => Arc::new(Schema::new(vec![
+            f("lambda", false),
+            id(),
+            f("estimate", false),
+            f("log_likelihood", false),
+            Field::new("non_zero", DataType::Int64, false),
+            name(),
+            Field::new("step", DataType::Int64, false),
+            f("objective", false),
+            Field::new("penalized", DataType::Boolean, false),
+            Field::new("iterations", DataType::Int64, false),
+            Field::new("status", DataType::Utf8, false),
+        ])),
     }
 }
 
 /// The table chosen by the `table` option for fit `r`.
+///
+/// `table: path` has one row per (λ, coefficient) for **every** coefficient, zeros included
+/// (glmnet's `coef()` matrix, in long form; `WHERE estimate <> 0` keeps the active ones), λ
+/// decreasing (`step` 1 is λ_max of a generated grid): `lambda` (our λ: objective
+/// LL − λΣ\|β\|, not scaled by n), `covariate_id` (NULL for the intercept), `estimate`,
+/// `log_likelihood` and `objective` (LL − λΣ\|β_j\| over the penalized ones) of the point,
+/// `non_zero` (its non-zero coefficients, the intercept not counted: glmnet's `df`),
+/// `covariate` (name), `step`, `penalized`, `iterations` and `status` of the point's fit.
 pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
     let schema = table_schema(t);
     let missing = |what: &str| Error::option("table", format!("the fit has no {what}"));
@@ -1110,6 +1131,53 @@ pub fn table_batch(r: &FitResult, t: ResultTable) -> Result<RecordBatch> {
                 Arc::new(Int64Array::from_iter(id)),
                 Arc::new(StringArray::from(name)),
                 f64s(est),
+            ]
+        }
+        ResultTable::Path => {
+            let path = r
+                .path
+                .as_ref()
+                .ok_or_else(|| missing("regularization path"))?;
+            let c = &r.coefficients;
+            let rows = path.points.len() * c.len();
+            let mut lambda = Vec::with_capacity(rows);
+            let mut id = Vec::with_capacity(rows);
+            let mut est = Vec::with_capacity(rows);
+            let mut ll = Vec::with_capacity(rows);
+            let mut nz = Vec::with_capacity(rows);
+            let mut name = Vec::with_capacity(rows);
+            let mut step = Vec::with_capacity(rows);
+            let mut objective = Vec::with_capacity(rows);
+            let mut penalized = Vec::with_capacity(rows);
+            let mut iterations = Vec::with_capacity(rows);
+            let mut status = Vec::with_capacity(rows);
+            for (k, q) in path.points.iter().enumerate() {
+                for (cj, &b) in c.iter().zip(&q.beta) {
+                    lambda.push(q.lambda);
+                    id.push((cj.covariate_id != INTERCEPT_ID).then_some(cj.covariate_id));
+                    est.push(b);
+                    ll.push(q.log_likelihood);
+                    nz.push(q.non_zero as i64);
+                    name.push(cj.name.as_str());
+                    step.push(k as i64 + 1);
+                    objective.push(q.log_likelihood + q.log_prior);
+                    penalized.push(Some(cj.penalized));
+                    iterations.push(q.iterations as i64);
+                    status.push(q.status.name());
+                }
+            }
+            vec![
+                f64s(lambda),
+                Arc::new(Int64Array::from_iter(id)),
+                f64s(est),
+                f64s(ll),
+                Arc::new(Int64Array::from(nz)),
+                Arc::new(StringArray::from(name)),
+                Arc::new(Int64Array::from(step)),
+                f64s(objective),
+                Arc::new(BooleanArray::from_iter(penalized)),
+                Arc::new(Int64Array::from(iterations)),
+                Arc::new(StringArray::from(status)),
             ]
         }
     };
@@ -1574,7 +1642,78 @@ mod tests {
             cv: None,
             bootstrap: None,
             profiles: Vec::new(),
+            path: None,
         }
+    }
+
+    /// `table: path`: one row per (λ, coefficient), zeros included, in the documented columns.
+    #[test]
+    fn path_table_has_a_row_per_lambda_and_coefficient() {
+        use epifusion_core::model::ccd::FitStatus;
+        use epifusion_core::model::path::{PathPoint, PathResult};
+        let mut r = dummy_result();
+        let point = |lambda: f64, b: f64| PathPoint {
+            lambda,
+            beta: vec![0.5, b],
+            log_likelihood: -10.0 - lambda,
+            log_prior: -lambda * b.abs(),
+            non_zero: 1 + usize::from(b != 0.0),
+            iterations: 3,
+            status: FitStatus::Converged,
+            strong_set: 1,
+            kkt_refits: 0,
+        };
+        r.path = Some(PathResult {
+            lambda_max: 4.0,
+            min_ratio: Some(0.5),
+            strong_rule: true,
+            points: vec![point(4.0, 0.0), point(2.0, -0.25)],
+            coordinate_updates: 10,
+            seconds: 0.0,
+        });
+        let b = table_batch(&r, ResultTable::Path).unwrap();
+        assert_eq!(b.num_rows(), 4);
+        let names: Vec<String> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(
+            names[..5],
+            [
+                "lambda",
+                "covariate_id",
+                "estimate",
+                "log_likelihood",
+                "non_zero"
+            ]
+        );
+        assert_eq!(b.schema(), table_schema(ResultTable::Path));
+        let f = |name: &str| {
+            b.column_by_name(name)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        let i = |name: &str| {
+            b.column_by_name(name)
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(f("lambda"), [4.0, 4.0, 2.0, 2.0]);
+        assert_eq!(i("covariate_id"), [1, 2, 1, 2]);
+        assert_eq!(f("estimate"), [0.5, 0.0, 0.5, -0.25]);
+        assert_eq!(i("non_zero"), [1, 1, 2, 2]);
+        assert_eq!(i("step"), [1, 1, 2, 2]);
+        assert_eq!(f("objective")[3], -12.0 - 0.5);
     }
 
     #[test]
@@ -1618,6 +1757,8 @@ mod tests {
         // Tables the fit does not have are clear errors.
         let e = table_batch(&r, ResultTable::Cv).unwrap_err().to_string();
         assert!(e.contains("table") && e.contains("cross-validation"), "{e}");
+        let e = table_batch(&r, ResultTable::Path).unwrap_err().to_string();
+        assert!(e.contains("table") && e.contains("path"), "{e}");
         let table = format_result_table(&r);
         assert!(
             table.contains("age") && table.contains("1.648721"),

@@ -52,8 +52,8 @@ fn table_doc(name: &str, model: ModelKind) -> Documentation {
             "Fits {} by cyclic coordinate descent and returns one row per coefficient: \
              covariate_id, covariate, estimate, std_error, ci_lower, ci_upper, exp_estimate, \
              penalized, model, log_likelihood, log_prior, iterations, status, seconds, \
-             prior_variance (or, with the option table, the CV curve, likelihood profiles or \
-             bootstrap results).",
+             prior_variance (or, with the option table, the CV curve, likelihood profiles, \
+             bootstrap results or the regularization path of the option path).",
             model_words(model)
         ),
         format!("{name}(outcomes [, covariates] [, options])"),

@@ -38,6 +38,8 @@ pub enum ResultTable {
     Bootstrap,
     /// Every bootstrap replicate's estimates.
     Replicates,
+    /// The regularization path: one row per (λ, coefficient).
+    Path,
 }
 
 impl ResultTable {
@@ -49,12 +51,13 @@ impl ResultTable {
             "profile" | "profiles" => ResultTable::Profile,
             "bootstrap" => ResultTable::Bootstrap,
             "replicates" | "bootstrap_replicates" => ResultTable::Replicates,
+            "path" | "lambda_path" => ResultTable::Path,
             other => {
                 return Err(Error::option(
                     "table",
                     format!(
-                        "unknown `{other}`; expected coefficients, cv, profile, bootstrap or \
-                         replicates"
+                        "unknown `{other}`; expected coefficients, cv, profile, bootstrap, \
+                         replicates or path"
                     ),
                 ))
             }
@@ -64,7 +67,8 @@ impl ResultTable {
 
 /// The `table` option of a JSON options string (the default when absent), checked against
 /// the options `opts` parsed from the same string: `cv` needs `cv`, `profile` needs
-/// `profile.grid`, `bootstrap` and `replicates` need `bootstrap` or `ci = bootstrap`.
+/// `profile.grid`, `bootstrap` and `replicates` need `bootstrap` or `ci = bootstrap`, `path`
+/// needs `path`.
 pub fn parse_result_table(opts: &FitOptions, json: &str) -> Result<ResultTable> {
     let json = json.trim();
     if json.is_empty() {
@@ -91,6 +95,9 @@ pub fn parse_result_table(opts: &FitOptions, json: &str) -> Result<ResultTable> 
             if opts.bootstrap.is_none() && opts.ci != CiMethod::Bootstrap =>
         {
             Some("this table needs a `bootstrap` option (or `ci: bootstrap`)")
+        }
+        ResultTable::Path if opts.path.is_none() => {
+            Some("`table: path` needs a `path` option, e.g. `\"path\": {\"n\": 50}`")
         }
         _ => None,
     };
@@ -172,6 +179,35 @@ mod tests {
         assert!(e.contains("max_iterations"), "{e}");
         assert!(parse_fit_options(ModelKind::Cox, "[1]").is_err());
         assert!(parse_fit_options(ModelKind::Cox, "{").is_err());
+    }
+
+    #[test]
+    fn path_options_and_table() {
+        let json = r#"{"path": {"n": 50, "min_ratio": 0.01}, "exclude": [7], "table": "path"}"#;
+        let o = parse_fit_options(ModelKind::Cox, json).unwrap();
+        assert!(o.path.is_some());
+        assert_eq!(parse_result_table(&o, json).unwrap(), ResultTable::Path);
+        let json = r#"{"path": [2.0, 1.0, 0.5]}"#;
+        assert!(parse_fit_options(ModelKind::Cox, json)
+            .unwrap()
+            .path
+            .is_some());
+        let json = r#"{"lambda": 2, "table": "path"}"#;
+        let o = parse_fit_options(ModelKind::Cox, json).unwrap();
+        let e = parse_result_table(&o, json).unwrap_err().to_string();
+        assert!(e.contains("table") && e.contains("path"), "{e}");
+        for (json, key) in [
+            (r#"{"path": {"n": "x"}}"#, "path.n"),
+            (r#"{"path": {"steps": 3}}"#, "steps"),
+            (r#"{"path": true, "lambda": 3}"#, "lambda"),
+            (r#"{"path": true, "prior": "normal"}"#, "prior"),
+            (r#"{"path": true, "cv": true}"#, "cv"),
+        ] {
+            let e = parse_fit_options(ModelKind::Cox, json)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{json}: {e}");
+        }
     }
 }
 

@@ -78,6 +78,7 @@
 //! | `tolerance` | 1e-6 | > 0; threshold of the convergence rule |
 //! | `max_iterations` | 1000 | ≥ 1 iterations (Newton iterations and/or full CCD cycles) |
 //! | `newton_max_block` | 500 | largest unpenalized block solved by Newton–Raphson (0: never) |
+//! | `polish_max_block` | 32 | largest active set polished by Newton–Raphson (0: never; regularization paths, whose warm starts leave little to polish, use 0) |
 //! | `initial_bound` | 2 | > 0 trust-region radius |
 //! | `max_retries` | 5 | on NaN/∞ the fit restarts with the initial bound × 0.1 |
 //! | `active_set` | true | with a Laplace prior, cycles over the non-zero coefficients only between full cycles (convergence is declared only after a full cycle) |
@@ -203,6 +204,9 @@ pub struct CcdOptions {
     /// solved as one block by Newton–Raphson (above it, and with 0, they join coordinate
     /// descent). Ignored by the other rules.
     pub newton_max_block: usize,
+    /// Under [`Convergence::Optimality`], the largest active set (block plus non-zero
+    /// coordinate-descent coefficients) that the Newton polish runs on (0: no polish).
+    pub polish_max_block: usize,
     /// Checked once per cycle: a cancelled fit returns [`Error::Cancelled`].
     pub cancel: crate::cancel::CancelToken,
 }
@@ -217,6 +221,7 @@ impl Default for CcdOptions {
             max_retries: 5,
             active_set: true,
             newton_max_block: 500,
+            polish_max_block: newton::POLISH_MAX_BLOCK,
             cancel: crate::cancel::CancelToken::default(),
         }
     }
@@ -391,7 +396,7 @@ fn attempt(
         let small = criterion < opts.tolerance;
         // The gradient rule's violations were seen before each step of the cycle; the ones at
         // the returned β (later steps move earlier gradients) must meet it too.
-        let confirmed = || -> Option<bool> {
+        let mut confirmed = || -> Option<bool> {
             if opts.convergence != Convergence::Gradient {
                 return Some(true);
             }
@@ -612,7 +617,7 @@ fn optimality_attempt(
                         Prior::Normal { .. } | Prior::None => true,
                     });
                 let mut all: Vec<usize> = block.iter().copied().chain(active).collect();
-                if all.len() > block.len() && all.len() <= newton::POLISH_MAX_BLOCK {
+                if all.len() > block.len() && all.len() <= opts.polish_max_block {
                     all.sort_unstable();
                     cols = all;
                 }

@@ -51,6 +51,7 @@ pub mod fine_gray;
 pub mod glm;
 pub mod inference;
 pub(crate) mod newton;
+pub mod path;
 pub mod prior;
 pub mod registry;
 pub mod risk_set;
