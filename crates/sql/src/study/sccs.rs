@@ -9,10 +9,10 @@
 //! 3. **Intervals** (Rust, [`split_case`]): per exposure group, eras that overlap or touch are
 //!    merged, risk windows are placed (anchored at era start or end), each cut the day before the
 //!    next merged era of the group starts, split into sub-windows at its `split_points` and
-//!    clipped to the case window; age groups, the
-//!    end-of-observation probe and, when asked for, calendar-month age / season / calendar-time
-//!    splines add covariates; the case is cut at every window boundary, a case with a single
-//!    elementary interval is dropped, and intervals with identical covariates are merged.
+//!    clipped to the case window; age groups, the end-of-observation probe and, when asked for,
+//!    calendar-month age / season / calendar-time splines add covariates; the case is cut at
+//!    every window boundary, a case with a single elementary interval is dropped, and intervals
+//!    with identical covariates are merged.
 //!
 //! # Settings (JSON keys; OHDSI defaults)
 //!
