@@ -1097,6 +1097,18 @@ fn design_settings_fail_the_dry_run_at_the_line_of_their_key() {
             "end = -30\nend_anchor = \"era_start\"",
             "sccs.risk_windows[0].end",
         ),
+        // Split windows: offsets not increasing, and beyond a fixed-length window (0 to 30
+        // days after the era start: 31 days).
+        (
+            "end = 30",
+            "split_points = [15, 10]\nend = 30",
+            "sccs.risk_windows[0].split_points",
+        ),
+        (
+            "end = 30\nend_anchor = \"era_end\"",
+            "split_points = [15, 31]\nend = 30\nend_anchor = \"era_start\"",
+            "sccs.risk_windows[0].split_points",
+        ),
     ]
     .into_iter()
     .enumerate()

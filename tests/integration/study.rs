@@ -33,13 +33,13 @@ fn repo(path: &str) -> String {
     format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn date(day: i64) -> String {
+pub(crate) fn date(day: i64) -> String {
     let (y, m, d) = civil_from_days(day);
     format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// Write an SCCS reference file (one row per event) as an OMOP CSV store.
-fn sccs_store(name: &str, event_col: &str) -> PathBuf {
+pub(crate) fn sccs_store(name: &str, event_col: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "epifusion-study-{}-{}",
         name.replace('.', "_"),
@@ -86,7 +86,7 @@ fn sccs_store(name: &str, event_col: &str) -> PathBuf {
     dir
 }
 
-async fn session(store: &Path) -> SessionContext {
+pub(crate) async fn session(store: &Path) -> SessionContext {
     new_session(&SessionOptions {
         omop: Some(store.to_string_lossy().into_owned()),
         batch_size: None,
@@ -95,7 +95,7 @@ async fn session(store: &Path) -> SessionContext {
     .unwrap()
 }
 
-fn f64s(batches: &[RecordBatch], col: &str) -> Vec<f64> {
+pub(crate) fn f64s(batches: &[RecordBatch], col: &str) -> Vec<f64> {
     batches
         .iter()
         .flat_map(|b| {
@@ -106,7 +106,7 @@ fn f64s(batches: &[RecordBatch], col: &str) -> Vec<f64> {
         .collect()
 }
 
-fn i64s(batches: &[RecordBatch], col: &str) -> Vec<i64> {
+pub(crate) fn i64s(batches: &[RecordBatch], col: &str) -> Vec<i64> {
     batches
         .iter()
         .flat_map(|b| {
@@ -117,7 +117,7 @@ fn i64s(batches: &[RecordBatch], col: &str) -> Vec<i64> {
         .collect()
 }
 
-fn strings(batches: &[RecordBatch], col: &str) -> Vec<String> {
+pub(crate) fn strings(batches: &[RecordBatch], col: &str) -> Vec<String> {
     batches
         .iter()
         .flat_map(|b| {
@@ -129,7 +129,7 @@ fn strings(batches: &[RecordBatch], col: &str) -> Vec<String> {
 }
 
 /// Fit `sccs_fit` (or another fitting function) on built tables; covariate id → (β, se, LL).
-async fn fit(
+pub(crate) async fn fit(
     ctx: &SessionContext,
     function: &str,
     t: &StudyTables,
@@ -163,7 +163,7 @@ async fn fit(
         .collect()
 }
 
-fn rel_close(got: f64, want: f64, rel: f64, what: &str) {
+pub(crate) fn rel_close(got: f64, want: f64, rel: f64, what: &str) {
     assert!(
         (got - want).abs() <= rel * want.abs(),
         "{what}: got {got:.10}, want {want}"

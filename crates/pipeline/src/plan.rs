@@ -1015,6 +1015,38 @@ end = 30
             e.contains("p.toml:34:") && e.contains("sccs.risk_windows[0].end"),
             "{e}"
         );
+        // Split risk windows: offsets ≥ 1, increasing, inside a fixed-length window.
+        load_text(
+            "split_ok",
+            &DESIGNS.replacen("end = 30", "end = 30\nsplit_points = [15, 31]", 1),
+        )
+        .unwrap();
+        for (tag, to, says) in [
+            (
+                "split_beyond",
+                "end = 30\nend_anchor = \"era_start\"\nsplit_points = [15, 31]",
+                "31 is beyond the window's length",
+            ),
+            ("split_zero", "end = 30\n\nsplit_points = [0, 15]", "got 0"),
+            (
+                "split_order",
+                "end = 30\n\nsplit_points = [15, 10]",
+                "strictly increasing",
+            ),
+        ] {
+            let e = design_err(tag, "end = 30", to);
+            assert!(
+                e.contains("p.toml:36:")
+                    && e.contains("sccs.risk_windows[0].split_points")
+                    && e.contains(says),
+                "{e}"
+            );
+        }
+        let e = design_err("split_type", "end = 30", "end = 30\nsplit_points = 15");
+        assert!(
+            e.contains("p.toml:35:") && e.contains("sccs.risk_windows[0].split_points"),
+            "{e}"
+        );
         let e = design_err("sccs_unknown", "end = 30", "end = 30\nedn = 3");
         assert!(
             e.contains("p.toml:35:") && e.contains("sccs.risk_windows[0].edn"),

@@ -96,7 +96,9 @@ fn aggregate_doc(name: &str, model: ModelKind) -> Documentation {
 
 const SCCS_SETTINGS_DOC: &str = "JSON object (unknown keys are errors; OHDSI defaults): outcome (concept set: \
     concept_ids [+ include_descendants, domain] | cohort_ids | sql), exposures (list: concept set keys, label, id, \
-    risk_windows [{start, start_anchor (era_start|era_end), end, end_anchor}], stratify_by_id, \
+    risk_windows [{start, start_anchor (era_start|era_end), end, end_anchor, label, split_points \
+    (first day of each later sub-window as an offset from the window's start, e.g. [15, 43]: \
+    one covariate per sub-window)}], stratify_by_id, \
     first_occurrence_only), first_outcome_only, naive_period, min_age, max_age, genders, \
     study_start_date, study_end_date, age_group_starts (days), age_spline / season_spline / \
     calendar_spline ({knots} or {knots_at}), end_of_observation_probe (days), merge_patterns, \

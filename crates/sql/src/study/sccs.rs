@@ -8,10 +8,11 @@
 //! 2. **Eras and outcomes per case** (SQL, `sql/study/sccs_case_rows.sql`).
 //! 3. **Intervals** (Rust, [`split_case`]): per exposure group, eras that overlap or touch are
 //!    merged, risk windows are placed (anchored at era start or end), each cut the day before the
-//!    next merged era of the group starts and clipped to the case window; age groups, the
-//!    end-of-observation probe and, when asked for, calendar-month age / season / calendar-time
-//!    splines add covariates; the case is cut at every window boundary, a case with a single
-//!    elementary interval is dropped, and intervals with identical covariates are merged.
+//!    next merged era of the group starts, split into sub-windows at its `split_points` and
+//!    clipped to the case window; age groups, the end-of-observation probe and, when asked for,
+//!    calendar-month age / season / calendar-time splines add covariates; the case is cut at
+//!    every window boundary, a case with a single elementary interval is dropped, and intervals
+//!    with identical covariates are merged.
 //!
 //! # Settings (JSON keys; OHDSI defaults)
 //!
@@ -32,10 +33,28 @@
 //!
 //! Exposure settings: the concept-set keys (`concept_ids`, `include_descendants`, `cohort_ids`,
 //! `sql`, `domain` [`drug_era`], `persistence_days`), `label`, `id` (covariate id of the first
-//! window; default: the next free id from 1000), `stratify_by_id` [false] (one covariate per
+//! covariate; default: the next free id from 1000), `stratify_by_id` [false] (one covariate per
 //! concept id), `first_occurrence_only` [false], and `risk_windows` (each `start` [0],
-//! `start_anchor` [`era_start`], `end` [0], `end_anchor` [`era_end`], `label`; default one
-//! "while exposed" window; a window with `start` < 0 before era start is a pre-exposure window).
+//! `start_anchor` [`era_start`], `end` [0], `end_anchor` [`era_end`], `label`, `split_points`
+//! [none]; default one "while exposed" window; a window with `start` < 0 before era start is a
+//! pre-exposure window).
+//!
+//! # Split risk windows
+//!
+//! `split_points` are the first days of the later sub-windows of a window, as offsets from the
+//! window's first day (the SCCS R package's `expogrp` without its leading 0, Stata's
+//! `riskpoints`): `{"start": 0, "end": 0, "end_anchor": "era_end", "split_points": [15, 43]}` is
+//! `[s, s+14]`, `[s+15, s+42]`, `[s+43, era end]` with `s` the era start, each its own covariate.
+//! The window is placed and cut (the day before the next merged era of its group, so a later
+//! dose replaces the rest of an earlier dose's window) as a whole, then split: a sub-window is
+//! clipped at the window's end, and one that would start after it is empty (no days). Offsets
+//! are ≥ 1 and strictly increasing; in a window whose ends share an anchor (fixed length
+//! `end − start + 1` days) each is below that length.
+//!
+//! Covariate ids are numbered from `id` (or the next free id from 1000) in the order exposure
+//! setting → concept id (when `stratify_by_id`, ascending) → window → sub-window; the covariate
+//! reference names a sub-window by its days from the window's start (`…, days 0–14`, `…, days
+//! 15–42`, `…, days 43–end`; the last day is a number when the window has a fixed length).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -80,6 +99,16 @@ pub enum Anchor {
     EraEnd,
 }
 
+impl Anchor {
+    /// The anchor in words ("era start", "era end").
+    pub fn words(self) -> &'static str {
+        match self {
+            Anchor::EraStart => "era start",
+            Anchor::EraEnd => "era end",
+        }
+    }
+}
+
 /// One risk window of an exposure.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +128,70 @@ pub struct RiskWindow {
     /// Name in the covariate reference.
     #[serde(default)]
     pub label: Option<String>,
+    /// First day of each later sub-window, as an offset (≥ 1, strictly increasing) from the
+    /// window's first day [none: one covariate for the whole window].
+    #[serde(default)]
+    pub split_points: Vec<i64>,
+}
+
+impl RiskWindow {
+    /// The window's length in days when both ends share an anchor (`end − start + 1`).
+    pub fn fixed_length(&self) -> Option<i64> {
+        (self.start_anchor == self.end_anchor).then(|| self.end - self.start + 1)
+    }
+
+    /// Sub-windows as (first offset, last offset) from the window's first day; the last one's
+    /// last offset is `None` (the window's end). One sub-window without `split_points`.
+    pub fn sub_windows(&self) -> Vec<(i64, Option<i64>)> {
+        let mut out = Vec::with_capacity(self.split_points.len() + 1);
+        let mut from = 0;
+        for &p in &self.split_points {
+            out.push((from, Some(p - 1)));
+            from = p;
+        }
+        out.push((from, None));
+        out
+    }
+
+    /// Check the window (`key` names it in errors: `exposures[0].risk_windows[1]`).
+    fn check(&self, key: &str) -> DfResult<()> {
+        if self.start_anchor == self.end_anchor && self.end < self.start {
+            return plan_err!(
+                "{key}.end: {} is before start {} (both anchored at the {})",
+                self.end,
+                self.start,
+                self.end_anchor.words()
+            );
+        }
+        let points = &self.split_points;
+        if let Some(p) = points.iter().find(|&&p| p <= 0) {
+            return plan_err!(
+                "{key}.split_points: offsets ≥ 1 from the window's first day (the first \
+                 sub-window starts at 0 without one), got {p}"
+            );
+        }
+        if let Some(w) = points.windows(2).find(|w| w[1] <= w[0]) {
+            return plan_err!(
+                "{key}.split_points: strictly increasing offsets, got {} after {}",
+                w[1],
+                w[0]
+            );
+        }
+        if let Some(len) = self.fixed_length() {
+            if let Some(p) = points.iter().find(|&&p| p >= len) {
+                return plan_err!(
+                    "{key}.split_points: {p} is beyond the window's length: start {} to end {} \
+                     (both anchored at the {}) is {len} days, offsets 0–{}, so the sub-window \
+                     starting at {p} would never hold a day",
+                    self.start,
+                    self.end,
+                    self.end_anchor.words(),
+                    len - 1
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn era_start() -> Anchor {
@@ -119,6 +212,7 @@ impl Default for RiskWindow {
             end: 0,
             end_anchor: Anchor::EraEnd,
             label: None,
+            split_points: Vec::new(),
         }
     }
 }
@@ -148,7 +242,8 @@ pub struct SccsExposure {
     /// Name in the covariate reference.
     #[serde(default)]
     pub label: Option<String>,
-    /// Covariate id of the first window (default: next free id from 1000).
+    /// Covariate id of the first covariate: first concept (when stratified), first window, first
+    /// sub-window (default: next free id from 1000).
     #[serde(default)]
     pub id: Option<i64>,
     /// Risk windows [one "while exposed" window].
@@ -260,18 +355,7 @@ impl SccsDesign {
         for (i, e) in self.exposures.iter().enumerate() {
             e.concept_set().check(&format!("exposures[{i}]"))?;
             for (w, rw) in e.risk_windows.iter().enumerate() {
-                if rw.start_anchor == rw.end_anchor && rw.end < rw.start {
-                    return plan_err!(
-                        "exposures[{i}].risk_windows[{w}].end: {} is before start {} (both \
-                         anchored at the {})",
-                        rw.end,
-                        rw.start,
-                        match rw.end_anchor {
-                            Anchor::EraStart => "era start",
-                            Anchor::EraEnd => "era end",
-                        }
-                    );
-                }
+                rw.check(&format!("exposures[{i}].risk_windows[{w}]"))?;
             }
         }
         if self.naive_period < 0 {
@@ -445,13 +529,14 @@ pub struct CaseData {
     pub eras: Vec<Era>,
 }
 
-/// A risk-window covariate: the exposure, the window and its id per concept group.
+/// A risk-window covariate: the exposure, the window and its ids per concept group.
 #[derive(Debug, Clone)]
 struct WindowCovariate {
     exposure: usize,
     window: RiskWindow,
-    /// (concept id or None when pooled) → covariate id.
-    ids: BTreeMap<Option<i64>, i64>,
+    /// (concept id or None when pooled) → covariate id of each sub-window (in the order of
+    /// [`RiskWindow::sub_windows`]).
+    ids: BTreeMap<Option<i64>, Vec<i64>>,
 }
 
 /// Spline basis over an axis (age in days, month of year, calendar day).
@@ -622,6 +707,7 @@ impl IntervalPlan {
             }
         };
         for wc in &self.windows {
+            let subs = wc.window.sub_windows();
             // Eras of the exposure, grouped by concept when stratified.
             let mut groups: BTreeMap<Option<i64>, Vec<(i64, i64)>> = BTreeMap::new();
             for era in case.eras.iter().filter(|e| e.exposure == wc.exposure) {
@@ -632,7 +718,7 @@ impl IntervalPlan {
                     .push((era.start, era.end.max(era.start)));
             }
             for (key, mut eras) in groups {
-                let Some(&id) = wc.ids.get(&key) else {
+                let Some(ids) = wc.ids.get(&key) else {
                     continue;
                 };
                 // 1. Merge eras that overlap or touch.
@@ -647,7 +733,9 @@ impl IntervalPlan {
                 if self.first_occurrence[wc.exposure] {
                     merged.truncate(1);
                 }
-                // 2. Window per merged era, cut the day before the next era starts.
+                // 2. Window per merged era, cut the day before the next era starts, then split
+                //    into sub-windows (offsets from the window's first day, each clipped at the
+                //    window's end).
                 for (i, &(s, e)) in merged.iter().enumerate() {
                     let at = |a: Anchor| if a == Anchor::EraStart { s } else { e };
                     let ws = at(wc.window.start_anchor) + wc.window.start;
@@ -655,8 +743,11 @@ impl IntervalPlan {
                     if let Some(next) = merged.get(i + 1) {
                         we = we.min(next.0 - 1);
                     }
-                    if we >= ws {
-                        clip(id, ws, we);
+                    for (&id, &(from, to)) in ids.iter().zip(&subs) {
+                        let (ss, se) = (ws + from, to.map_or(we, |t| (ws + t).min(we)));
+                        if se >= ss {
+                            clip(id, ss, se);
+                        }
                     }
                 }
             }
@@ -906,7 +997,8 @@ fn attrition_batch(rows: &[(String, i64, i64, i64)]) -> DfResult<RecordBatch> {
     Ok(RecordBatch::try_new(attrition_schema(), cols)?)
 }
 
-/// Assign covariate ids to the risk windows (needs the concept ids seen when stratified).
+/// Assign covariate ids to the risk windows (needs the concept ids seen when stratified), in
+/// the order exposure setting → concept id (when stratified) → window → sub-window.
 fn window_covariates(
     d: &SccsDesign,
     concepts: &[BTreeSet<i64>],
@@ -932,55 +1024,68 @@ fn window_covariates(
             .label
             .clone()
             .unwrap_or_else(|| format!("exposure {}", i + 1));
-        for w in windows {
-            let mut ids = BTreeMap::new();
-            let keys: Vec<Option<i64>> = if e.stratify_by_id {
-                concepts[i].iter().map(|c| Some(*c)).collect()
-            } else {
-                vec![None]
-            };
-            let anchor = |a: Anchor| {
-                if a == Anchor::EraStart {
-                    "era start"
-                } else {
-                    "era end"
-                }
-            };
-            let window_name = w.label.clone().unwrap_or_else(|| {
-                format!(
-                    "{} {:+} to {} {:+}",
-                    anchor(w.start_anchor),
-                    w.start,
-                    anchor(w.end_anchor),
-                    w.end
-                )
-            });
-            for key in keys {
-                ids.insert(key, next);
-                refs.push(CovariateRef {
-                    covariate_id: next,
-                    name: match key {
-                        Some(c) => format!("{label} (concept {c}): {window_name}"),
-                        None => format!("{label}: {window_name}"),
-                    },
-                    analysis_id: 1,
-                    analysis_name: "era covariate".into(),
-                    concept_id: key.or(if e.concept_ids.len() == 1 {
-                        Some(e.concept_ids[0])
+        let keys: Vec<Option<i64>> = if e.stratify_by_id {
+            concepts[i].iter().map(|c| Some(*c)).collect()
+        } else {
+            vec![None]
+        };
+        let first = out.len();
+        out.extend(windows.iter().map(|w| WindowCovariate {
+            exposure: i,
+            window: w.clone(),
+            ids: BTreeMap::new(),
+        }));
+        for key in keys {
+            for (k, w) in windows.iter().enumerate() {
+                let window_name = window_name(w);
+                let subs = w.sub_windows();
+                let mut ids = Vec::with_capacity(subs.len());
+                for &(from, to) in &subs {
+                    let name = if subs.len() == 1 {
+                        window_name.clone()
                     } else {
-                        None
-                    }),
-                });
-                next += 1;
+                        let last = match (to, w.fixed_length()) {
+                            (Some(t), _) => t.to_string(),
+                            (None, Some(len)) => (len - 1).to_string(),
+                            (None, None) => "end".to_string(),
+                        };
+                        format!("{window_name}, days {from}–{last}")
+                    };
+                    refs.push(CovariateRef {
+                        covariate_id: next,
+                        name: match key {
+                            Some(c) => format!("{label} (concept {c}): {name}"),
+                            None => format!("{label}: {name}"),
+                        },
+                        analysis_id: 1,
+                        analysis_name: "era covariate".into(),
+                        concept_id: key.or(if e.concept_ids.len() == 1 {
+                            Some(e.concept_ids[0])
+                        } else {
+                            None
+                        }),
+                    });
+                    ids.push(next);
+                    next += 1;
+                }
+                out[first + k].ids.insert(key, ids);
             }
-            out.push(WindowCovariate {
-                exposure: i,
-                window: w,
-                ids,
-            });
         }
     }
     Ok((out, refs))
+}
+
+/// A window's name in the covariate reference: its label, or its anchors and offsets.
+fn window_name(w: &RiskWindow) -> String {
+    w.label.clone().unwrap_or_else(|| {
+        format!(
+            "{} {:+} to {} {:+}",
+            w.start_anchor.words(),
+            w.start,
+            w.end_anchor.words(),
+            w.end
+        )
+    })
 }
 
 /// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
@@ -1372,8 +1477,19 @@ mod tests {
                 .enumerate()
                 .map(|(k, window)| WindowCovariate {
                     exposure: 0,
+                    ids: ids
+                        .iter()
+                        .map(|(a, b)| {
+                            let first = b + 10 * k as i64;
+                            (
+                                *a,
+                                (0..window.sub_windows().len() as i64)
+                                    .map(|j| first + j)
+                                    .collect(),
+                            )
+                        })
+                        .collect(),
                     window,
-                    ids: ids.iter().map(|(a, b)| (*a, b + 10 * k as i64)).collect(),
                 })
                 .collect(),
             stratified: vec![stratified],
@@ -1439,7 +1555,7 @@ mod tests {
             start_anchor: Anchor::EraEnd,
             end: 30,
             end_anchor: Anchor::EraEnd,
-            label: None,
+            ..Default::default()
         };
         let p = plan(vec![w], false);
         let c = case(1, 200, vec![39], vec![era(10, 20), era(40, 50)]);
@@ -1450,6 +1566,115 @@ mod tests {
             vec![(vec![], 20 + 11 + 120, 0), (vec![1000], 49, 1)]
         );
         assert_eq!(s.elementary, 5);
+    }
+
+    fn split(start: i64, end: i64, end_anchor: Anchor, points: &[i64]) -> RiskWindow {
+        RiskWindow {
+            start,
+            end,
+            end_anchor,
+            split_points: points.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn split_windows_are_clipped_at_the_window_end() {
+        // The issue's example: era start to era end, sub-windows from offsets 15 and 43. The
+        // era [10, 30] gives [10, 24] (1000) and [25, 30] (1001, clipped at the era end); the
+        // third sub-window would start on day 53, after the window's end: no days.
+        let p = plan(vec![split(0, 0, Anchor::EraEnd, &[15, 43])], false);
+        let s = p
+            .split_case(&case(1, 100, vec![26], vec![era(10, 30)]))
+            .unwrap();
+        assert_eq!(
+            rows(&s),
+            vec![(vec![], 9 + 70, 0), (vec![1000], 15, 0), (vec![1001], 6, 1)]
+        );
+        // A long era: all three, the last to the era end.
+        let s = p
+            .split_case(&case(1, 300, vec![150], vec![era(100, 199)]))
+            .unwrap();
+        assert_eq!(
+            rows(&s),
+            vec![
+                (vec![], 99 + 101, 0),
+                (vec![1000], 15, 0),
+                (vec![1001], 28, 0),
+                (vec![1002], 57, 1)
+            ]
+        );
+        // Sub-window boundaries count from the window's first day, not from the case start.
+        let s = p
+            .split_case(&case(120, 300, vec![150], vec![era(100, 199)]))
+            .unwrap();
+        assert_eq!(
+            rows(&s),
+            vec![(vec![1001], 23, 0), (vec![1002], 57, 1), (vec![], 101, 0)]
+        );
+    }
+
+    #[test]
+    fn a_later_dose_cuts_an_earlier_split_window() {
+        // One-day doses on days 100, 120 and 200; a 60-day window split at 15 and 43. Dose 1:
+        // [100, 114] → 1000, [115, 119] → 1001 (cut the day before dose 2). Dose 2: [120, 134],
+        // [135, 162], [163, 179]. Dose 3: [200, 214], [215, 230] (case end).
+        let p = plan(vec![split(0, 59, Anchor::EraStart, &[15, 43])], false);
+        let c = case(
+            1,
+            230,
+            vec![110, 118, 150, 190],
+            vec![era(100, 100), era(120, 120), era(200, 200)],
+        );
+        let s = p.split_case(&c).unwrap();
+        assert_eq!(
+            rows(&s),
+            vec![
+                (vec![], 99 + 20, 1),
+                (vec![1000], 15 + 15 + 15, 1),
+                (vec![1001], 5 + 28 + 16, 2),
+                (vec![1002], 17, 0)
+            ]
+        );
+        assert_eq!(s.elementary, 9);
+    }
+
+    #[test]
+    fn covariate_ids_run_concept_then_window_then_sub_window() {
+        let d = SccsDesign::from_json(
+            r#"{"outcome": {"concept_ids": [1]}, "exposures": [
+                {"concept_ids": [5, 6], "label": "drug", "stratify_by_id": true, "risk_windows": [
+                    {"start": 0, "end": 0, "end_anchor": "era_end", "split_points": [15, 43]},
+                    {"start": 1, "start_anchor": "era_end", "end": 30, "split_points": [10]}]},
+                {"concept_ids": [7], "label": "other"}]}"#,
+        )
+        .unwrap();
+        d.check().unwrap();
+        let concepts = vec![BTreeSet::from([5, 6]), BTreeSet::from([7])];
+        let (windows, refs) = window_covariates(&d, &concepts).unwrap();
+        let ids = |w: usize, key: Option<i64>| windows[w].ids[&key].clone();
+        assert_eq!(ids(0, Some(5)), vec![1000, 1001, 1002]);
+        assert_eq!(ids(1, Some(5)), vec![1003, 1004]);
+        assert_eq!(ids(0, Some(6)), vec![1005, 1006, 1007]);
+        assert_eq!(ids(1, Some(6)), vec![1008, 1009]);
+        assert_eq!(ids(2, None), vec![1010]);
+        let ref_ids: Vec<i64> = refs.iter().map(|r| r.covariate_id).collect();
+        assert_eq!(ref_ids, (1000..=1010).collect::<Vec<_>>());
+        let names: Vec<&str> = refs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names[..5],
+            [
+                "drug (concept 5): era start +0 to era end +0, days 0–14",
+                "drug (concept 5): era start +0 to era end +0, days 15–42",
+                "drug (concept 5): era start +0 to era end +0, days 43–end",
+                "drug (concept 5): era end +1 to era end +30, days 0–9",
+                "drug (concept 5): era end +1 to era end +30, days 10–29",
+            ]
+        );
+        assert!(names[5].starts_with("drug (concept 6)"), "{names:?}");
+        assert_eq!(names[10], "other: era start +0 to era end +0");
+        assert_eq!(refs[7].concept_id, Some(6));
+        assert_eq!(refs[10].concept_id, Some(7));
     }
 
     #[test]
@@ -1476,7 +1701,7 @@ mod tests {
             start_anchor: Anchor::EraStart,
             end: -1,
             end_anchor: Anchor::EraStart,
-            label: None,
+            ..Default::default()
         };
         let mut p = plan(vec![RiskWindow::default(), pre], false);
         p.probe = Some(10);
@@ -1581,5 +1806,40 @@ mod tests {
             r#"{"outcome": {"concept_ids": [1]}, "exposures": [{"concept_ids": [2]}], "age_spline": {"knots": 2}}"#,
             "age_spline.knots",
         );
+        let window = |w: &str| {
+            format!(
+                r#"{{"outcome": {{"concept_ids": [1]}}, "exposures": [{{"concept_ids": [2], "risk_windows": [{{}}, {w}]}}]}}"#
+            )
+        };
+        let key = "exposures[0].risk_windows[1].split_points";
+        for (w, says) in [
+            (r#"{"split_points": [0, 15]}"#, "got 0"),
+            (r#"{"split_points": [-3]}"#, "got -3"),
+            (r#"{"split_points": [15, 15]}"#, "strictly increasing"),
+            (r#"{"split_points": [15, 43, 20]}"#, "got 20 after 43"),
+            (
+                r#"{"end": 42, "end_anchor": "era_start", "split_points": [15, 43]}"#,
+                "43 is beyond the window's length",
+            ),
+            (
+                r#"{"start": 1, "start_anchor": "era_end", "end": 30, "split_points": [30]}"#,
+                "30 days",
+            ),
+        ] {
+            let e = SccsDesign::from_json(&window(w))
+                .unwrap()
+                .check()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(says), "{w}: {e}");
+        }
+        bad(&window(r#"{"split_points": 15}"#), "split_points");
+        // The last offset of a fixed-length window, and any offset of an era-length window.
+        for w in [
+            r#"{"end": 42, "end_anchor": "era_start", "split_points": [15, 42]}"#,
+            r#"{"split_points": [15, 10000]}"#,
+        ] {
+            SccsDesign::from_json(&window(w)).unwrap().check().unwrap();
+        }
     }
 }
