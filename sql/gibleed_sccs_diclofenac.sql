@@ -6,10 +6,15 @@
 -- periods with a GI bleed (concept 192671 and its descendants, condition_occurrence); exposure
 -- = diclofenac drug eras (ingredient 1124300). Risk window from the era start to 30 days after
 -- the era end (GiBleed's eras last one day); age groups in the SCCS R package / Stata convention
--- (age_group_starts in days of age: groups from 20, 40, 60 and 80 years, under 20 the
--- reference); season as a cyclic quadratic spline, constant within calendar months; the
--- end-of-observation probe (last 30 days). Covariate ids: 1000 risk window, 99 probe, 101–104
--- age groups, 201+ season (see sccs_covariate_ref). A pre-exposure window
+-- (age_group_starts in days of age); season as a cyclic quadratic spline, constant within
+-- calendar months; the end-of-observation probe (last 30 days). Covariate ids: 1000 risk
+-- window, 99 probe, 101 age group, 201+ season (see sccs_covariate_ref).
+--
+-- Ages: GiBleed's simulated bleeds all fall between ages 30 and 49, so an age group outside
+-- that range has person-time but no outcome, and its effect has no finite estimate (age groups
+-- from 20, 40, 60 and 80 years fit with status no_finite_mle, the notes naming the groups). The
+-- study population is therefore ages 30–49 (min_age, max_age), with ages 40–49 as one age group
+-- against 30–39. A pre-exposure window
 -- (reverse-causality diagnostic) is one more entry of risk_windows:
 --   {"start": -30, "end": -1, "end_anchor": "era_start"}
 -- (GiBleed's simulation puts no outcome before exposure, so its estimate runs to −∞ here).
@@ -21,14 +26,14 @@ CREATE TABLE sccs_intervals_diclofenac AS SELECT * FROM sccs_intervals('{
   "outcome": {"concept_ids": [192671], "include_descendants": true},
   "exposures": [{"concept_ids": [1124300], "label": "diclofenac",
                  "risk_windows": [{"start": 0, "end": 30, "label": "exposed (era start to era end + 30 days)"}]}],
-  "age_group_starts": [7305, 14610, 21915, 29220], "season_spline": {"knots": 5},
+  "min_age": 30, "max_age": 49, "age_group_starts": [14610], "season_spline": {"knots": 5},
   "end_of_observation_probe": 30}');
 
 CREATE TABLE sccs_covariates_diclofenac AS SELECT * FROM sccs_covariates('{
   "outcome": {"concept_ids": [192671], "include_descendants": true},
   "exposures": [{"concept_ids": [1124300], "label": "diclofenac",
                  "risk_windows": [{"start": 0, "end": 30, "label": "exposed (era start to era end + 30 days)"}]}],
-  "age_group_starts": [7305, 14610, 21915, 29220], "season_spline": {"knots": 5},
+  "min_age": 30, "max_age": 49, "age_group_starts": [14610], "season_spline": {"knots": 5},
   "end_of_observation_probe": 30}');
 
 -- Attrition: persons, cases and outcomes left after each step.
@@ -36,7 +41,7 @@ SELECT * FROM sccs_attrition('{
   "outcome": {"concept_ids": [192671], "include_descendants": true},
   "exposures": [{"concept_ids": [1124300], "label": "diclofenac",
                  "risk_windows": [{"start": 0, "end": 30, "label": "exposed (era start to era end + 30 days)"}]}],
-  "age_group_starts": [7305, 14610, 21915, 29220], "season_spline": {"knots": 5},
+  "min_age": 30, "max_age": 49, "age_group_starts": [14610], "season_spline": {"knots": 5},
   "end_of_observation_probe": 30}');
 
 -- Unpenalized conditional Poisson fit; incidence rate ratios with Wald intervals.
