@@ -60,6 +60,11 @@ struct RowGlm {
 }
 
 impl RowGlm {
+    /// The default polish limit of [`Likelihood::polish_max_block`].
+    fn polish_max_block(&self) -> usize {
+        super::newton::POLISH_MAX_BLOCK
+    }
+
     fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
         let n = x.n_rows();

@@ -33,6 +33,9 @@ macro_rules! delegate_likelihood {
             fn information(&mut self, cols: &[usize]) -> Vec<f64> {
                 self.$field.information(cols)
             }
+            fn polish_max_block(&self) -> usize {
+                self.$field.polish_max_block()
+            }
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
@@ -219,6 +222,13 @@ pub trait Likelihood: Send {
     /// Observed information matrix (−Hessian of the log-likelihood) restricted to `cols`,
     /// row-major `cols.len() × cols.len()`, at the current state.
     fn information(&mut self, cols: &[usize]) -> Vec<f64>;
+    /// The largest active set (unpenalized block plus non-zero coefficients) for which a
+    /// Newton–Raphson step on the exact information is cheaper than coordinate-descent
+    /// cycles ([`crate::model::ccd`]'s polish). Likelihoods whose information over k columns
+    /// costs about k coordinate walks (Cox, Fine–Gray) allow hundreds.
+    fn polish_max_block(&self) -> usize {
+        newton::POLISH_MAX_BLOCK
+    }
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;
 }

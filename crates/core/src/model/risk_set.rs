@@ -1364,8 +1364,332 @@ impl RiskSetModel {
         run.pending = false;
     }
 
-    /// Observed information (−Hessian) over `cols`, row-major, from per-group sums.
+    /// Observed information (−Hessian) over `cols`, row-major. Up to
+    /// [`SWEEP_MIN_COLS`] − 1 columns from dense per-group sums (`information_dense`), above
+    /// that by the sparse sweep of `information_sweep` (O(N + nnz·k) instead of O((N + G)·k²)).
     pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+        if cols.len() >= SWEEP_MIN_COLS {
+            self.information_sweep(cols)
+        } else {
+            self.information_dense(cols)
+        }
+    }
+
+    /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
+    /// sweep makes the information over k columns cost about k coordinate walks.
+    pub fn polish_max_block(&self) -> usize {
+        POLISH_MAX_COLS
+    }
+
+    /// Observed information over `cols` by one sweep over the sorted rows, with no k × k work
+    /// per group (module docs of the likelihoods for the sums):
+    ///
+    /// I = Σ_g [r_g S2(g) − q_g S1(g) S1(g)ᵀ] (+ Efron's per-group terms).
+    ///
+    /// * The S2 part is a sparse Gram matrix Σ_i d_i x_i x_iᵀ: row i sits in the forward part
+    ///   of the groups pos(i) ≤ g < exit(i) and (competing rows) in the backward part of the
+    ///   groups before pos(i), so d_i = w e_i [Σ_{pos ≤ g < exit} r_g + (1/G_i) Σ_{g < pos} r_g G_g]
+    ///   — differences of the prefix sums the coordinate walk uses.
+    /// * The S1 S1ᵀ part, with S1(g) = F(g) + G_g B(g) (F: forward prefix sums, B: backward
+    ///   sums of the competing rows), is summed by parts: with C(h) = Σ_{g ≥ h} c_g (suffix
+    ///   sums within the stratum), Σ_g c_g Y_g Z_gᵀ = C(a) Y_{a−1} Z_{a−1}ᵀ + Σ_h C(h)
+    ///   (Y_h Z_hᵀ − Y_{h−1} Z_{h−1}ᵀ), and Y_h Z_hᵀ − Y_{h−1} Z_{h−1}ᵀ only involves the rows
+    ///   that enter (or leave) at h: each row adds one dense k-vector per non-zero to a matrix
+    ///   P with I = Gram − (P + Pᵀ).
+    /// * Efron's tied groups add −u_g E2(g), +v_g (S1 E1ᵀ + E1 S1ᵀ) and −z_g E1 E1ᵀ at the
+    ///   group (E1, E2: sums over the tied events).
+    ///
+    /// The rows of P are split into a fixed number of blocks (a function of k only) that run in
+    /// parallel, each block's sums in the same order: the result does not depend on the
+    /// number of threads.
+    pub(crate) fn information_sweep(&mut self, cols: &[usize]) -> Vec<f64> {
+        let n_blocks = (cols.len() / SWEEP_BLOCK_COLS).clamp(1, SWEEP_MAX_BLOCKS);
+        self.information_sweep_blocks(cols, n_blocks)
+    }
+
+    /// [`RiskSetModel::information_sweep`] with the rows of P split into `n_blocks` blocks
+    /// (every entry is computed by the same operations whatever the split).
+    pub(crate) fn information_sweep_blocks(&mut self, cols: &[usize], n_blocks: usize) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let n = self.info.len();
+        // Row-major view of the requested columns (counting sort by sorted row).
+        let mut row_ptr = vec![0u32; n + 1];
+        for &j in cols {
+            if let Some(col) = self.cols.get(j) {
+                for &r in &col.rows {
+                    row_ptr[r as usize + 1] += 1;
+                }
+            }
+        }
+        for i in 0..n {
+            row_ptr[i + 1] += row_ptr[i];
+        }
+        let total = row_ptr[n] as usize;
+        let mut ent_col = vec![0u32; total];
+        let mut ent_val = vec![0.0f64; total];
+        let mut fill = row_ptr.clone();
+        for (a, &j) in cols.iter().enumerate() {
+            if let Some(col) = self.cols.get(j) {
+                for (i, &r) in col.rows.iter().enumerate() {
+                    let at = fill[r as usize] as usize;
+                    ent_col[at] = a as u32;
+                    ent_val[at] = col.value(i);
+                    fill[r as usize] += 1;
+                }
+            }
+        }
+        drop(fill);
+        let rows = SweepRows {
+            ptr: &row_ptr,
+            col: &ent_col,
+            val: &ent_val,
+        };
+        let n_blocks = n_blocks.clamp(1, k.max(1));
+        let bounds: Vec<usize> = (0..=n_blocks).map(|b| b * k / n_blocks).collect();
+        let run = |b: usize| self.sweep_block(&rows, k, bounds[b], bounds[b + 1]);
+        let blocks: Vec<Vec<f64>> = if n_blocks == 1 {
+            vec![run(0)]
+        } else {
+            use rayon::prelude::*;
+            (0..n_blocks).into_par_iter().map(run).collect()
+        };
+        // Block b holds rows bounds[b]..bounds[b + 1] of Gram − P (row-major, k wide).
+        let mut m = Vec::with_capacity(k * k);
+        for block in blocks {
+            m.extend_from_slice(&block);
+        }
+        let mut out = vec![0.0; k * k];
+        for a in 0..k {
+            for b in 0..k {
+                // Gram − P − Pᵀ, with Gram symmetric and held once in each half: m = Gram − P.
+                out[a * k + b] = 0.5 * (m[a * k + b] + m[b * k + a]);
+            }
+        }
+        out
+    }
+
+    /// Rows a0..a1 of Gram − 2P (so that (M + Mᵀ)/2 = Gram − P − Pᵀ), row-major k wide; see
+    /// [`RiskSetModel::information_sweep`].
+    fn sweep_block(&self, rows: &SweepRows<'_>, k: usize, a0: usize, a1: usize) -> Vec<f64> {
+        let width = a1 - a0;
+        let mut m = vec![0.0; width * k];
+        let mut f = vec![0.0; k];
+        let mut bk = vec![0.0; k];
+        let mut tmp = vec![0.0; k];
+        let mut e1 = vec![0.0; k];
+        let mut e1_touched: Vec<u32> = Vec::new();
+        let fg = self.fg;
+        let owned = |a: u32| (a as usize) >= a0 && (a as usize) < a1;
+        // P[a, :] += coef · v (dense), for the block's rows a; stored as m −= 2P.
+        let axpy = |m: &mut [f64], a: u32, coef: f64, v: &[f64]| {
+            let row = &mut m[(a as usize - a0) * k..(a as usize - a0 + 1) * k];
+            for (r, &x) in row.iter_mut().zip(v) {
+                *r -= 2.0 * coef * x;
+            }
+        };
+        // Sparse pairs within a row: m[a, b] += coef · x_a · x_b.
+        let pairs = |m: &mut [f64], i: usize, coef: f64| {
+            let (lo, hi) = rows.range(i);
+            for e in lo..hi {
+                let a = rows.col[e];
+                if !owned(a) {
+                    continue;
+                }
+                let xa = rows.val[e] * coef;
+                let base = (a as usize - a0) * k;
+                for e2 in lo..hi {
+                    m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                }
+            }
+        };
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            f.fill(0.0);
+            bk.fill(0.0);
+            let (q_end, qg_end, qgg_end) = if fg {
+                (self.prq[gb][1], self.pg[gb][1], self.pg[gb][2])
+            } else {
+                (self.prq[gb][1], 0.0, 0.0)
+            };
+            if fg {
+                // B before the first group: every competing row still to be removed.
+                for i in ra..rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let c = self.info[i].we * inv;
+                        let (lo, hi) = rows.range(i);
+                        for e in lo..hi {
+                            bk[rows.col[e] as usize] += c * rows.val[e];
+                        }
+                    }
+                }
+                // ½ C3(a) Btot Btotᵀ.
+                let c3 = qgg_end - self.pg[ga][2];
+                if c3 != 0.0 {
+                    for a in a0..a1 {
+                        if bk[a] != 0.0 {
+                            axpy(&mut m, a as u32, 0.5 * c3 * bk[a], &bk);
+                        }
+                    }
+                }
+            }
+            let mut i = ra;
+            for h in ga..gb {
+                let c1 = q_end - self.prq[h][1];
+                let (c2, c3) = if fg {
+                    (qg_end - self.pg[h][1], qgg_end - self.pg[h][2])
+                } else {
+                    (0.0, 0.0)
+                };
+                let efron = self.any_efron && self.efron_group[h];
+                let first = i;
+                // Phase 1: rows entering the forward sums at h.
+                while i < rb && self.info[i].pos as usize == h {
+                    let we = self.info[i].we;
+                    let (lo, hi) = rows.range(i);
+                    if lo < hi {
+                        // Gram weight d_i.
+                        let exit = if self.counting {
+                            (self.exit[i] as usize).min(gb)
+                        } else {
+                            gb
+                        };
+                        let mut d = self.prq[exit][0] - self.prq[h][0];
+                        if fg && self.inv_g[i] != 0.0 {
+                            d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
+                        }
+                        if efron && self.event[i] {
+                            d -= self.eu[h];
+                        }
+                        pairs(&mut m, i, we * d);
+                        // P += v (C1 (F + ½ v) + C2 B)ᵀ, then F += v.
+                        if fg {
+                            for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                                *t = c1 * fv + c2 * bv;
+                            }
+                        }
+                        let dense: &[f64] = if fg { &tmp } else { &f };
+                        let scale = if fg { 1.0 } else { c1 };
+                        for e in lo..hi {
+                            let a = rows.col[e];
+                            if owned(a) {
+                                axpy(&mut m, a, scale * we * rows.val[e], dense);
+                            }
+                        }
+                        pairs(&mut m, i, -c1 * we * we);
+                        for e in lo..hi {
+                            f[rows.col[e] as usize] += we * rows.val[e];
+                        }
+                        if efron && self.event[i] {
+                            for e in lo..hi {
+                                let a = rows.col[e];
+                                if e1[a as usize] == 0.0 {
+                                    e1_touched.push(a);
+                                }
+                                e1[a as usize] += we * rows.val[e];
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                // Counting-process rows leaving at h: F −= v.
+                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
+                    let row = self.all_exits[xp].1 as usize;
+                    xp += 1;
+                    let we = -self.info[row].we;
+                    let (lo, hi) = rows.range(row);
+                    for e in lo..hi {
+                        let a = rows.col[e];
+                        if owned(a) {
+                            axpy(&mut m, a, c1 * we * rows.val[e], &f);
+                        }
+                    }
+                    pairs(&mut m, row, -c1 * we * we);
+                    for e in lo..hi {
+                        f[rows.col[e] as usize] += we * rows.val[e];
+                    }
+                }
+                // Phase 2 (Fine–Gray): competing rows leave the backward sums at h.
+                if fg {
+                    let mut ready = false;
+                    for row in first..i {
+                        let inv = self.inv_g[row];
+                        let (lo, hi) = rows.range(row);
+                        if inv == 0.0 || lo == hi {
+                            continue;
+                        }
+                        if !ready {
+                            for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                                *t = c2 * fv + c3 * bv;
+                            }
+                            ready = true;
+                        }
+                        let u = -self.info[row].we * inv;
+                        for e in lo..hi {
+                            let a = rows.col[e];
+                            if owned(a) {
+                                axpy(&mut m, a, u * rows.val[e], &tmp);
+                            }
+                        }
+                        pairs(&mut m, row, -c3 * u * u);
+                        for e in lo..hi {
+                            let a = rows.col[e] as usize;
+                            let du = u * rows.val[e];
+                            bk[a] += du;
+                            // Later rows of this group see the updated B.
+                            tmp[a] += c3 * du;
+                        }
+                    }
+                }
+                // Efron's tied events at h.
+                if !e1_touched.is_empty() {
+                    let gc = if fg { self.g_cens[h] } else { 0.0 };
+                    for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                        *t = fv + gc * bv;
+                    }
+                    let (v, z) = (self.ev[h], self.ez[h]);
+                    for &a in &e1_touched {
+                        if owned(a) {
+                            // P −= v E1 S1ᵀ.
+                            axpy(&mut m, a, -v * e1[a as usize], &tmp);
+                        }
+                    }
+                    // P += ½ z E1 E1ᵀ: m −= z E1 E1ᵀ.
+                    for &a in &e1_touched {
+                        if owned(a) {
+                            let base = (a as usize - a0) * k;
+                            for &b in &e1_touched {
+                                m[base + b as usize] -= z * e1[a as usize] * e1[b as usize];
+                            }
+                        }
+                    }
+                    for &a in &e1_touched {
+                        e1[a as usize] = 0.0;
+                    }
+                    e1_touched.clear();
+                }
+            }
+            // Competing rows below every event time of the stratum: backward part only.
+            if fg {
+                while i < rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let d = inv * (self.pg[gb][0] - self.pg[ga][0]);
+                        pairs(&mut m, i, self.info[i].we * d);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        m
+    }
+
+    /// [`RiskSetModel::information`] from dense per-group sums: O((N + G)·k²).
+    pub(crate) fn information_dense(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
         let n = self.eta.len();
@@ -1475,6 +1799,29 @@ impl RiskSetModel {
         out
     }
 }
+
+/// Row-major entries of the columns of an information request.
+struct SweepRows<'a> {
+    ptr: &'a [u32],
+    col: &'a [u32],
+    val: &'a [f64],
+}
+
+impl SweepRows<'_> {
+    #[inline]
+    fn range(&self, i: usize) -> (usize, usize) {
+        (self.ptr[i] as usize, self.ptr[i + 1] as usize)
+    }
+}
+
+/// From this many columns `information` uses the sweep.
+const SWEEP_MIN_COLS: usize = 24;
+/// Columns of P per parallel block of the sweep (the split depends on k only).
+const SWEEP_BLOCK_COLS: usize = 48;
+/// Most parallel blocks of the sweep.
+const SWEEP_MAX_BLOCKS: usize = 8;
+/// Largest active set that coordinate descent polishes by Newton–Raphson on this likelihood.
+const POLISH_MAX_COLS: usize = 512;
 
 /// One chunk of [`RiskSetModel::refresh_pending`].
 struct ChunkJob<'a> {
