@@ -195,6 +195,12 @@ pub struct CcdOptions {
     pub newton_max_block: usize,
     /// Checked once per cycle: a cancelled fit returns [`Error::Cancelled`].
     pub cancel: crate::cancel::CancelToken,
+    /// Under [`Convergence::Optimality`], on likelihoods with a cheap information matrix
+    /// ([`Likelihood::polish_max_block`] above 32: Cox, Fine–Gray), the **active-set Newton**
+    /// polish: Newton–Raphson on the whole active set (up to the likelihood's limit), repeated
+    /// until it converges, then one check of every coordinate (module docs). `false` keeps the
+    /// classic polish (at most 32 columns, one Newton step per cycle) — for comparisons.
+    pub active_newton: bool,
 }
 
 impl Default for CcdOptions {
@@ -208,6 +214,7 @@ impl Default for CcdOptions {
             active_set: true,
             newton_max_block: 500,
             cancel: crate::cancel::CancelToken::default(),
+            active_newton: true,
         }
     }
 }
@@ -451,13 +458,29 @@ fn worst_scaled_violation(
     beta: &[f64],
     coords: &[usize],
 ) -> Option<f64> {
+    scaled_violations(lik, priors, beta, coords, f64::INFINITY, &mut Vec::new())
+}
+
+/// [`worst_scaled_violation`], also collecting the coordinates whose violation exceeds `tol`.
+fn scaled_violations(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    beta: &[f64],
+    coords: &[usize],
+    tol: f64,
+    violators: &mut Vec<usize>,
+) -> Option<f64> {
     let mut worst = 0.0f64;
     for &j in coords {
         let (g, h) = lik.gradient_hessian(j);
         if !g.is_finite() || !h.is_finite() {
             return None;
         }
-        worst = worst.max(scaled_violation(priors.per_coef[j], beta[j], g, h));
+        let v = scaled_violation(priors.per_coef[j], beta[j], g, h);
+        if v > tol {
+            violators.push(j);
+        }
+        worst = worst.max(v);
     }
     Some(worst)
 }
@@ -509,6 +532,17 @@ fn optimality_attempt(
     let mut iterations = 0;
     let mut full = true;
     let mut subset: Vec<usize> = Vec::new();
+    // The active-set Newton polish (module docs) where the likelihood makes it cheap.
+    let repeat_polish = opts.active_newton && lik.polish_max_block() > newton::POLISH_MAX_BLOCK;
+    // After a polish round whose check found violations: the next cycle visits the violators
+    // only, and the polish follows at once.
+    let mut repolish = false;
+    let mut failed_rounds = 0usize;
+    let polish_max = if repeat_polish {
+        lik.polish_max_block()
+    } else {
+        newton::POLISH_MAX_BLOCK
+    };
     while iterations < opts.max_iterations {
         if opts.cancel.is_cancelled() {
             break;
@@ -558,6 +592,7 @@ fn optimality_attempt(
         // The Newton columns: the block, plus the active set (polish) once a cycle has left
         // the zero pattern and the signs unchanged, when that set is small.
         let mut cols = block.clone();
+        let mut polishing = false;
         if run_cycle {
             let signs: Vec<i8> = coords
                 .iter()
@@ -569,7 +604,7 @@ fn optimality_attempt(
                     }
                 })
                 .collect();
-            let stable = last_signs.as_ref() == Some(&signs);
+            let stable = last_signs.as_ref() == Some(&signs) || repolish;
             last_signs = Some(signs);
             if stable {
                 let active = coords
@@ -580,35 +615,78 @@ fn optimality_attempt(
                         Prior::Normal { .. } | Prior::None => true,
                     });
                 let mut all: Vec<usize> = block.iter().copied().chain(active).collect();
-                if all.len() > block.len() && all.len() <= newton::POLISH_MAX_BLOCK {
+                if all.len() > block.len() && all.len() <= polish_max {
                     all.sort_unstable();
                     cols = all;
+                    polishing = repeat_polish;
                 }
             }
         }
         let mut block_done = true;
-        if !cols.is_empty() {
+        let mut polished = false;
+        let mut stop = false;
+        while !cols.is_empty() {
             let at = Point {
                 beta: &mut beta,
                 ll: &mut ll,
                 obj: &mut obj,
             };
-            match newton.step(lik, priors, &cols, at, tol) {
+            let step = newton.step(lik, priors, &cols, at, tol, polishing);
+            *updates += cols.len() as u64;
+            match step {
                 NewtonStep::IllConditioned => return ill(beta, iterations, trace),
-                NewtonStep::Converged => {}
+                NewtonStep::Converged => {
+                    block_done = true;
+                    polished = polishing;
+                    break;
+                }
                 NewtonStep::Moved => block_done = false,
                 NewtonStep::Stalled => {
                     block_done = false;
-                    if coords.is_empty() {
-                        // Nothing else can move: the rule cannot be met.
-                        trace.push(obj);
-                        break;
-                    }
+                    // Nothing else can move: the rule cannot be met.
+                    stop = coords.is_empty();
+                    break;
                 }
             }
-            *updates += cols.len() as u64;
+            if !polishing || iterations >= opts.max_iterations || opts.cancel.is_cancelled() {
+                break;
+            }
+            // Active-set Newton: another iteration on the active set, which loses the
+            // coefficients the step set to zero (the final check decides about them).
+            iterations += 1;
+            trace.push(obj);
+            cols.retain(|&j| {
+                beta[j] != 0.0 || !matches!(priors.per_coef[j], Prior::Laplace { .. })
+            });
         }
         trace.push(obj);
+        if stop {
+            break;
+        }
+        repolish = false;
+        if polished {
+            // Newton converged on the block and every non-zero coefficient: check every
+            // coordinate-descent coefficient at the returned β (nothing moved).
+            let mut violators = Vec::new();
+            let Some(v) = scaled_violations(lik, priors, &beta, &coords, tol, &mut violators)
+            else {
+                return ill(beta, iterations, trace);
+            };
+            if v <= tol {
+                status = FitStatus::Converged;
+                break;
+            }
+            failed_rounds += 1;
+            if failed_rounds <= MAX_REPOLISH {
+                // Coordinate descent steps on the violators, then the polish again.
+                subset = violators;
+                full = false;
+                repolish = true;
+            } else {
+                full = true;
+            }
+            continue;
+        }
         let cycle_done =
             coords.is_empty() || (run_cycle && cycle_was_full && cycle_violation <= tol);
         if block_done && cycle_done {
@@ -653,6 +731,10 @@ fn optimality_attempt(
         seconds: 0.0,
     }
 }
+
+/// Polish rounds whose final check failed after which the violators are visited alone and
+/// the polish repeated at once; beyond it, full cycles as usual.
+const MAX_REPOLISH: usize = 8;
 
 /// Iterates kept for Anderson extrapolation of the coordinate-descent coefficients (0: off).
 const ANDERSON_DEPTH: usize = 2;

@@ -129,6 +129,12 @@ mod tests {
                 cox.update(2, 0.25);
                 let cols = [4, 0, 2, 5, 3, 1];
                 let dense = cox.model.information_dense(&cols);
+                let bound = cox.model.information_segments(&cols);
+                crate::model::risk_set::test_support::assert_psd_difference(
+                    &bound,
+                    &dense,
+                    cols.len(),
+                );
                 for threads in 1..=3 {
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)

@@ -130,6 +130,12 @@ mod tests {
                 fg.update(1, -0.3);
                 let cols = [5, 1, 3, 0, 2, 4];
                 let dense = fg.model.information_dense(&cols);
+                let bound = fg.model.information_segments(&cols);
+                crate::model::risk_set::test_support::assert_psd_difference(
+                    &bound,
+                    &dense,
+                    cols.len(),
+                );
                 for threads in 1..=3 {
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)

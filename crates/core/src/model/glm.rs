@@ -65,6 +65,11 @@ impl RowGlm {
         super::newton::POLISH_MAX_BLOCK
     }
 
+    /// No cheap approximation ([`Likelihood::approximate_information`]).
+    fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
+        None
+    }
+
     fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
         let n = x.n_rows();

@@ -36,6 +36,9 @@ macro_rules! delegate_likelihood {
             fn polish_max_block(&self) -> usize {
                 self.$field.polish_max_block()
             }
+            fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
+                self.$field.approximate_information(cols)
+            }
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
@@ -228,6 +231,12 @@ pub trait Likelihood: Send {
     /// costs about k coordinate walks (Cox, Fine–Gray) allow hundreds.
     fn polish_max_block(&self) -> usize {
         newton::POLISH_MAX_BLOCK
+    }
+    /// A matrix at least as large as the information over `cols` (in the positive
+    /// semidefinite order) and close to it, much cheaper to compute, when the likelihood has
+    /// one: the Newton matrix of the active-set polish. `None`: use the exact information.
+    fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
+        None
     }
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;

@@ -39,6 +39,9 @@ use super::Likelihood;
 
 /// Relative rounding level of the objective, in units of ε: ρ = NOISE_ULPS·ε·(1 + |f|).
 const NOISE_ULPS: f64 = 1000.0;
+/// An approximate-information step that does not reduce the decrement below this fraction of
+/// the previous one is recomputed with the exact information.
+const APPROXIMATE_RATIO: f64 = 0.5;
 /// Most step halvings in one iteration.
 const MAX_HALVINGS: usize = 30;
 /// Largest active set (unpenalized block plus non-zero / Normal-prior coefficients) that
@@ -79,6 +82,14 @@ impl Newton {
     /// One Newton–Raphson iteration (module docs) on the columns `cols` from the likelihood's
     /// current state, which must be at `at.beta`; on return the likelihood is at the (possibly
     /// new) `at.beta`. Laplace-prior columns must be non-zero.
+    ///
+    /// With `approximate`, the likelihood's cheap upper bound of the information
+    /// ([`Likelihood::approximate_information`]) gives the step's direction where it has one
+    /// (the gradient and the objective are always exact, and step-halving still never lowers
+    /// the objective: an inexact Newton iteration, which converges linearly with a small
+    /// ratio); the exact information is used instead when the previous approximate step did
+    /// not halve the decrement, and before unpenalized coefficients are declared converged
+    /// (their rule is the exact decrement).
     pub fn step(
         &mut self,
         lik: &mut dyn Likelihood,
@@ -86,13 +97,70 @@ impl Newton {
         cols: &[usize],
         at: Point<'_>,
         tolerance: f64,
+        approximate: bool,
     ) -> NewtonStep {
-        let k = cols.len();
-        let mut g: Vec<f64> = cols.iter().map(|&j| lik.gradient_hessian(j).0).collect();
-        let mut h = lik.information(cols);
-        if g.iter().chain(&h).any(|v| !v.is_finite()) {
+        let g: Vec<f64> = cols.iter().map(|&j| lik.gradient_hessian(j).0).collect();
+        if g.iter().any(|v| !v.is_finite()) {
             return NewtonStep::IllConditioned;
         }
+        let mut use_approximate = approximate;
+        let has_unpenalized = cols.iter().any(|&j| priors.is_unpenalized(j));
+        let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
+        let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
+        let previous = self.last.as_ref().map(|(_, p)| *p);
+        // The step from the approximate information when it will do, else from the exact one.
+        let (delta, dec2, dec) = loop {
+            let approx = if use_approximate {
+                lik.approximate_information(cols)
+            } else {
+                None
+            };
+            let is_approx = approx.is_some();
+            let h = approx.unwrap_or_else(|| lik.information(cols));
+            if h.iter().any(|v| !v.is_finite()) {
+                return NewtonStep::IllConditioned;
+            }
+            let Some((delta, dec2)) = self.direction(priors, cols, &at, &mut g.clone(), h) else {
+                if is_approx {
+                    use_approximate = false;
+                    continue;
+                }
+                return NewtonStep::Stalled;
+            };
+            let dec = dec2.sqrt();
+            if is_approx {
+                let done = dec <= tolerance || dec2 / 2.0 <= noise;
+                let slow = same_cols && previous.is_some_and(|p| dec > APPROXIMATE_RATIO * p);
+                if (done && has_unpenalized) || slow {
+                    // Decide on the exact matrix.
+                    use_approximate = false;
+                    continue;
+                }
+            }
+            break (delta, dec2, dec);
+        };
+        if std::env::var("EPIFUSION_TRACE_NEWTON").is_ok() {
+            eprintln!("    newton k={} dec={dec:.3e}", cols.len());
+        }
+        let at_floor = dec2 / 2.0 <= noise
+            && same_cols
+            && self.last.as_ref().is_some_and(|(_, p)| dec > 0.5 * p);
+        self.last = Some((cols.to_vec(), dec));
+        self.finish(lik, priors, cols, at, tolerance, delta, dec2, dec, at_floor)
+    }
+
+    /// The Newton direction Δ = H⁻¹G on `cols` and the squared decrement GᵀH⁻¹G, from the
+    /// log-likelihood's gradient `g` and information `h` plus the prior's terms; `None` when
+    /// the matrix cannot be factored.
+    fn direction(
+        &self,
+        priors: &PriorSet,
+        cols: &[usize],
+        at: &Point<'_>,
+        g: &mut [f64],
+        mut h: Vec<f64>,
+    ) -> Option<(Vec<f64>, f64)> {
+        let k = cols.len();
         // The penalty's first and second derivatives.
         for (a, &j) in cols.iter().enumerate() {
             match priors.per_coef[j] {
@@ -107,23 +175,32 @@ impl Newton {
                 }
             }
         }
-        let Some(l) = factor(&h, k) else {
-            return NewtonStep::Stalled;
-        };
-        let delta = cholesky_solve(&l, k, &g);
+        let l = factor(&h, k)?;
+        let delta = cholesky_solve(&l, k, g);
         let dec2 = g
             .iter()
             .zip(&delta)
             .map(|(a, b)| a * b)
             .sum::<f64>()
             .max(0.0);
-        let dec = dec2.sqrt();
+        Some((delta, dec2))
+    }
+
+    /// Take the step (module docs, items 3 and 4).
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        lik: &mut dyn Likelihood,
+        priors: &PriorSet,
+        cols: &[usize],
+        at: Point<'_>,
+        tolerance: f64,
+        delta: Vec<f64>,
+        dec2: f64,
+        dec: f64,
+        at_floor: bool,
+    ) -> NewtonStep {
         let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
-        let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
-        let at_floor = dec2 / 2.0 <= noise
-            && same_cols
-            && self.last.as_ref().is_some_and(|(_, p)| dec > 0.5 * p);
-        self.last = Some((cols.to_vec(), dec));
         if dec <= tolerance || at_floor {
             // The polish: below the objective's resolution it cannot be verified; take it
             // unless it visibly lowers the objective. When even that fails, β stays (it is

@@ -1375,6 +1375,12 @@ impl RiskSetModel {
         }
     }
 
+    /// The Newton matrix of the active-set polish ([`crate::model::Likelihood`]): the
+    /// segment bound of `information_segments` from [`SWEEP_MIN_COLS`] columns on.
+    pub fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
+        (cols.len() >= SWEEP_MIN_COLS).then(|| self.information_segments(cols))
+    }
+
     /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
     /// sweep makes the information over k columns cost about k coordinate walks.
     pub fn polish_max_block(&self) -> usize {
@@ -1412,34 +1418,7 @@ impl RiskSetModel {
     pub(crate) fn information_sweep_blocks(&mut self, cols: &[usize], n_blocks: usize) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
-        let n = self.info.len();
-        // Row-major view of the requested columns (counting sort by sorted row).
-        let mut row_ptr = vec![0u32; n + 1];
-        for &j in cols {
-            if let Some(col) = self.cols.get(j) {
-                for &r in &col.rows {
-                    row_ptr[r as usize + 1] += 1;
-                }
-            }
-        }
-        for i in 0..n {
-            row_ptr[i + 1] += row_ptr[i];
-        }
-        let total = row_ptr[n] as usize;
-        let mut ent_col = vec![0u32; total];
-        let mut ent_val = vec![0.0f64; total];
-        let mut fill = row_ptr.clone();
-        for (a, &j) in cols.iter().enumerate() {
-            if let Some(col) = self.cols.get(j) {
-                for (i, &r) in col.rows.iter().enumerate() {
-                    let at = fill[r as usize] as usize;
-                    ent_col[at] = a as u32;
-                    ent_val[at] = col.value(i);
-                    fill[r as usize] += 1;
-                }
-            }
-        }
-        drop(fill);
+        let (row_ptr, ent_col, ent_val) = self.row_major(cols);
         let rows = SweepRows {
             ptr: &row_ptr,
             col: &ent_col,
@@ -1467,6 +1446,239 @@ impl RiskSetModel {
             }
         }
         out
+    }
+
+    /// Row-major view (row pointers, column index in `cols`, value) of the columns `cols` in
+    /// sorted-row order (a counting sort by row).
+    fn row_major(&self, cols: &[usize]) -> (Vec<u32>, Vec<u32>, Vec<f64>) {
+        let n = self.info.len();
+        let mut row_ptr = vec![0u32; n + 1];
+        for &j in cols {
+            if let Some(col) = self.cols.get(j) {
+                for &r in &col.rows {
+                    row_ptr[r as usize + 1] += 1;
+                }
+            }
+        }
+        for i in 0..n {
+            row_ptr[i + 1] += row_ptr[i];
+        }
+        let total = row_ptr[n] as usize;
+        let mut ent_col = vec![0u32; total];
+        let mut ent_val = vec![0.0f64; total];
+        let mut fill = row_ptr.clone();
+        for (a, &j) in cols.iter().enumerate() {
+            if let Some(col) = self.cols.get(j) {
+                for (i, &r) in col.rows.iter().enumerate() {
+                    let at = fill[r as usize] as usize;
+                    ent_col[at] = a as u32;
+                    ent_val[at] = col.value(i);
+                    fill[r as usize] += 1;
+                }
+            }
+        }
+        drop(fill);
+        (row_ptr, ent_col, ent_val)
+    }
+
+    /// A cheap upper bound Ĥ ≽ I of the information over `cols` (positive semidefinite
+    /// order), the Newton matrix of coordinate descent's active-set polish: the S2 part, and
+    /// Efron's per-group terms, exactly as in [`RiskSetModel::information_sweep`]; the
+    /// Σ_g q_g S1(g) S1(g)ᵀ = Σ_g ω_g μ_g μ_gᵀ part (μ_g = S1(g)/S0(g), the risk set's mean
+    /// covariate vector; ω_g = q_g S0(g)²) over *segments* of consecutive groups, each replaced
+    /// by y yᵀ / Ω with Ω = Σ_seg ω_g and y = Σ_seg ω_g μ_g. By Cauchy–Schwarz
+    /// Σ_seg ω μ μᵀ − y yᵀ/Ω = Σ_seg ω (μ − y/Ω)(μ − y/Ω)ᵀ ≽ 0, so Ĥ − I is that sum over the
+    /// segments: small when the risk set's mean varies little within a segment. A segment closes when
+    /// the rows that entered the stratum's risk sets during it exceed 1/[`SEGMENT_GROWTH`] of
+    /// those before it (fine segments where the risk sets are small). Cost O(N + nnz + G·k +
+    /// segments·k²) with k = `cols.len()`, sequential (no dependence on threads).
+    pub(crate) fn information_segments(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let (row_ptr, ent_col, ent_val) = self.row_major(cols);
+        let rows = SweepRows {
+            ptr: &row_ptr,
+            col: &ent_col,
+            val: &ent_val,
+        };
+        let fg = self.fg;
+        let mut m = vec![0.0; k * k];
+        let mut f = vec![0.0; k];
+        let mut bk = vec![0.0; k];
+        let mut y = vec![0.0; k];
+        let mut s1 = vec![0.0; k];
+        let mut e1 = vec![0.0; k];
+        let mut e1_touched: Vec<u32> = Vec::new();
+        let pairs = |m: &mut [f64], i: usize, coef: f64| {
+            let (lo, hi) = rows.range(i);
+            for e in lo..hi {
+                let xa = rows.val[e] * coef;
+                let base = rows.col[e] as usize * k;
+                for e2 in lo..hi {
+                    m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                }
+            }
+        };
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            f.fill(0.0);
+            bk.fill(0.0);
+            y.fill(0.0);
+            if fg {
+                for i in ra..rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let c = self.info[i].we * inv;
+                        let (lo, hi) = rows.range(i);
+                        for e in lo..hi {
+                            bk[rows.col[e] as usize] += c * rows.val[e];
+                        }
+                    }
+                }
+            }
+            let (mut q_seg, mut seg_rows, mut rows_before) = (0.0, 0usize, 0usize);
+            let mut i = ra;
+            for h in ga..gb {
+                let efron = self.any_efron && self.efron_group[h];
+                let first = i;
+                while i < rb && self.info[i].pos as usize == h {
+                    let we = self.info[i].we;
+                    let (lo, hi) = rows.range(i);
+                    if lo < hi {
+                        let exit = if self.counting {
+                            (self.exit[i] as usize).min(gb)
+                        } else {
+                            gb
+                        };
+                        let mut d = self.prq[exit][0] - self.prq[h][0];
+                        if fg && self.inv_g[i] != 0.0 {
+                            d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
+                        }
+                        if efron && self.event[i] {
+                            d -= self.eu[h];
+                        }
+                        pairs(&mut m, i, we * d);
+                        for e in lo..hi {
+                            f[rows.col[e] as usize] += we * rows.val[e];
+                        }
+                        if efron && self.event[i] {
+                            for e in lo..hi {
+                                let a = rows.col[e];
+                                if e1[a as usize] == 0.0 {
+                                    e1_touched.push(a);
+                                }
+                                e1[a as usize] += we * rows.val[e];
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                seg_rows += i - first;
+                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
+                    let row = self.all_exits[xp].1 as usize;
+                    xp += 1;
+                    let we = self.info[row].we;
+                    let (lo, hi) = rows.range(row);
+                    for e in lo..hi {
+                        f[rows.col[e] as usize] -= we * rows.val[e];
+                    }
+                }
+                if fg {
+                    for row in first..i {
+                        let inv = self.inv_g[row];
+                        if inv != 0.0 {
+                            let u = self.info[row].we * inv;
+                            let (lo, hi) = rows.range(row);
+                            for e in lo..hi {
+                                bk[rows.col[e] as usize] -= u * rows.val[e];
+                            }
+                        }
+                    }
+                }
+                let gc = if fg { self.g_cens[h] } else { 0.0 };
+                let q = self.prq[h + 1][1] - self.prq[h][1];
+                if q != 0.0 || !e1_touched.is_empty() {
+                    if fg {
+                        for ((t, &fv), &bv) in s1.iter_mut().zip(&f).zip(&bk) {
+                            *t = fv + gc * bv;
+                        }
+                    } else {
+                        s1.copy_from_slice(&f);
+                    }
+                }
+                if q != 0.0 {
+                    // q S1 S1ᵀ = ω μ μᵀ with μ = S1/S0 (the risk set's mean, which drifts
+                    // slowly) and ω = q S0².
+                    let s0 = self.s0(h);
+                    let c = q * s0;
+                    for (t, &v) in y.iter_mut().zip(&s1) {
+                        *t += c * v;
+                    }
+                    q_seg += c * s0;
+                }
+                if !e1_touched.is_empty() {
+                    // + v (S1 E1ᵀ + E1 S1ᵀ) − z E1 E1ᵀ.
+                    let (v, z) = (self.ev[h], self.ez[h]);
+                    for &a in &e1_touched {
+                        let c = v * e1[a as usize];
+                        let a = a as usize;
+                        for b in 0..k {
+                            m[a * k + b] += c * s1[b];
+                            m[b * k + a] += c * s1[b];
+                        }
+                        for &b in &e1_touched {
+                            m[a * k + b as usize] -= z * e1[a] * e1[b as usize];
+                        }
+                    }
+                    for &a in &e1_touched {
+                        e1[a as usize] = 0.0;
+                    }
+                    e1_touched.clear();
+                }
+                let close =
+                    h + 1 == gb || (seg_rows as f64) * SEGMENT_GROWTH as f64 > rows_before as f64;
+                if close {
+                    if q_seg > 0.0 {
+                        for a in 0..k {
+                            if y[a] == 0.0 {
+                                continue;
+                            }
+                            let c = y[a] / q_seg;
+                            let row = &mut m[a * k..(a + 1) * k];
+                            for (r, &yb) in row.iter_mut().zip(&y) {
+                                *r -= c * yb;
+                            }
+                        }
+                    }
+                    y.fill(0.0);
+                    q_seg = 0.0;
+                    rows_before += seg_rows;
+                    seg_rows = 0;
+                }
+            }
+            if fg {
+                while i < rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let d = inv * (self.pg[gb][0] - self.pg[ga][0]);
+                        pairs(&mut m, i, self.info[i].we * d);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        // Exactly symmetric.
+        for a in 0..k {
+            for b in 0..a {
+                let v = 0.5 * (m[a * k + b] + m[b * k + a]);
+                m[a * k + b] = v;
+                m[b * k + a] = v;
+            }
+        }
+        m
     }
 
     /// Rows a0..a1 of Gram − 2P (so that (M + Mᵀ)/2 = Gram − P − Pᵀ), row-major k wide; see
@@ -1815,11 +2027,14 @@ impl SweepRows<'_> {
 }
 
 /// From this many columns `information` uses the sweep.
-const SWEEP_MIN_COLS: usize = 24;
+const SWEEP_MIN_COLS: usize = 33;
 /// Columns of P per parallel block of the sweep (the split depends on k only).
 const SWEEP_BLOCK_COLS: usize = 48;
 /// Most parallel blocks of the sweep.
 const SWEEP_MAX_BLOCKS: usize = 8;
+/// Segments of [`RiskSetModel::approximate_information`] close when the rows entered during
+/// the segment exceed 1/`SEGMENT_GROWTH` of those entered before it.
+const SEGMENT_GROWTH: usize = 16;
 /// Largest active set that coordinate descent polishes by Newton–Raphson on this likelihood.
 const POLISH_MAX_COLS: usize = 512;
 
@@ -2258,6 +2473,30 @@ pub mod test_support {
             }
         }
         (ll, grad, info)
+    }
+
+    /// `upper − lower` (k × k, row-major) is symmetric positive semidefinite (Cholesky of
+    /// the difference plus a rounding-level ridge) and `upper` is not far above `lower`.
+    pub fn assert_psd_difference(upper: &[f64], lower: &[f64], k: usize) {
+        let scale = lower.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let mut d: Vec<f64> = upper.iter().zip(lower).map(|(u, l)| u - l).collect();
+        for a in 0..k {
+            for b in 0..k {
+                assert!(
+                    (d[a * k + b] - d[b * k + a]).abs() <= 1e-10 * scale,
+                    "not symmetric"
+                );
+            }
+            d[a * k + a] += 1e-10 * scale;
+        }
+        assert!(
+            crate::model::newton::cholesky(&d, k).is_some(),
+            "difference not PSD: {d:?}"
+        );
+        for a in 0..k {
+            let (u, l) = (upper[a * k + a], lower[a * k + a]);
+            assert!(u <= 1.5 * l + 1e-10 * scale, "bound far above: {u} vs {l}");
+        }
     }
 
     pub fn close(a: f64, b: f64, tol: f64) -> bool {
