@@ -458,10 +458,20 @@ fn worst_scaled_violation(
     beta: &[f64],
     coords: &[usize],
 ) -> Option<f64> {
-    scaled_violations(lik, priors, beta, coords, f64::INFINITY, &mut Vec::new())
+    scaled_violations(
+        lik,
+        priors,
+        beta,
+        coords,
+        f64::INFINITY,
+        &mut Vec::new(),
+        false,
+    )
 }
 
 /// [`worst_scaled_violation`], also collecting the coordinates whose violation exceeds `tol`.
+/// With `batch`, the gradients of the Laplace-prior coordinates (whose violation needs no
+/// curvature) come from [`Likelihood::gradients`].
 fn scaled_violations(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
@@ -469,10 +479,22 @@ fn scaled_violations(
     coords: &[usize],
     tol: f64,
     violators: &mut Vec<usize>,
+    batch: bool,
 ) -> Option<f64> {
+    let laplace = |j: usize| matches!(priors.per_coef[j], Prior::Laplace { .. });
+    let batched: Vec<usize> = if batch {
+        coords.iter().copied().filter(|&j| laplace(j)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut batched_g = lik.gradients(&batched).into_iter();
     let mut worst = 0.0f64;
     for &j in coords {
-        let (g, h) = lik.gradient_hessian(j);
+        let (g, h) = if batch && laplace(j) {
+            (batched_g.next().unwrap_or(f64::NAN), 0.0)
+        } else {
+            lik.gradient_hessian(j)
+        };
         if !g.is_finite() || !h.is_finite() {
             return None;
         }
@@ -534,9 +556,7 @@ fn optimality_attempt(
     let mut subset: Vec<usize> = Vec::new();
     // The active-set Newton polish (module docs) where the likelihood makes it cheap.
     let repeat_polish = opts.active_newton && lik.polish_max_block() > newton::POLISH_MAX_BLOCK;
-    // After a polish round whose check found violations: the next cycle visits the violators
-    // only, and the polish follows at once.
-    let mut repolish = false;
+    // Polish rounds whose final check found violations.
     let mut failed_rounds = 0usize;
     let polish_max = if repeat_polish {
         lik.polish_max_block()
@@ -590,7 +610,8 @@ fn optimality_attempt(
             }
         }
         // The Newton columns: the block, plus the active set (polish) once a cycle has left
-        // the zero pattern and the signs unchanged, when that set is small.
+        // the zero pattern and the signs unchanged, when that set is small — after every
+        // cycle under the active-set Newton polish.
         let mut cols = block.clone();
         let mut polishing = false;
         if run_cycle {
@@ -604,7 +625,7 @@ fn optimality_attempt(
                     }
                 })
                 .collect();
-            let stable = last_signs.as_ref() == Some(&signs) || repolish;
+            let stable = last_signs.as_ref() == Some(&signs) || repeat_polish;
             last_signs = Some(signs);
             if stable {
                 let active = coords
@@ -663,12 +684,11 @@ fn optimality_attempt(
         if stop {
             break;
         }
-        repolish = false;
         if polished {
             // Newton converged on the block and every non-zero coefficient: check every
             // coordinate-descent coefficient at the returned β (nothing moved).
             let mut violators = Vec::new();
-            let Some(v) = scaled_violations(lik, priors, &beta, &coords, tol, &mut violators)
+            let Some(v) = scaled_violations(lik, priors, &beta, &coords, tol, &mut violators, true)
             else {
                 return ill(beta, iterations, trace);
             };
@@ -681,7 +701,6 @@ fn optimality_attempt(
                 // Coordinate descent steps on the violators, then the polish again.
                 subset = violators;
                 full = false;
-                repolish = true;
             } else {
                 full = true;
             }

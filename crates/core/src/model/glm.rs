@@ -65,6 +65,11 @@ impl RowGlm {
         super::newton::POLISH_MAX_BLOCK
     }
 
+    /// The gradients one coordinate at a time ([`Likelihood::gradients`]).
+    fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
+    }
+
     /// No cheap approximation ([`Likelihood::approximate_information`]).
     fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
         None

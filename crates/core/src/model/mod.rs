@@ -39,6 +39,9 @@ macro_rules! delegate_likelihood {
             fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
                 self.$field.approximate_information(cols)
             }
+            fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+                self.$field.gradients(cols)
+            }
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
@@ -237,6 +240,11 @@ pub trait Likelihood: Send {
     /// one: the Newton matrix of the active-set polish. `None`: use the exact information.
     fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
         None
+    }
+    /// g_j = ∂LL/∂β_j for every j in `cols` at the current state (the first half of
+    /// [`Likelihood::gradient_hessian`], to rounding; likelihoods may compute it faster).
+    fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
     }
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;

@@ -42,6 +42,9 @@ const NOISE_ULPS: f64 = 1000.0;
 /// An approximate-information step that does not reduce the decrement below this fraction of
 /// the previous one is recomputed with the exact information.
 const APPROXIMATE_RATIO: f64 = 0.5;
+/// An approximate step reuses the previous step's matrix when that step's decrement was at
+/// most this (the coefficients moved by at most this many standard errors).
+const REUSE_BELOW: f64 = 1.0;
 /// Most step halvings in one iteration.
 const MAX_HALVINGS: usize = 30;
 /// Largest active set (unpenalized block plus non-zero / Normal-prior coefficients) that
@@ -69,6 +72,9 @@ pub(crate) enum NewtonStep {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Newton {
     last: Option<(Vec<usize>, f64)>,
+    /// The Cholesky factor of the latest approximate step's matrix and its columns, reused
+    /// by the next approximate step on the same columns when that step was short.
+    factor: Option<(Vec<usize>, Vec<f64>)>,
 }
 
 /// The state a Newton iteration works on: β, its log-likelihood and objective.
@@ -99,41 +105,83 @@ impl Newton {
         tolerance: f64,
         approximate: bool,
     ) -> NewtonStep {
-        let g: Vec<f64> = cols.iter().map(|&j| lik.gradient_hessian(j).0).collect();
+        let g: Vec<f64> = if approximate {
+            lik.gradients(cols)
+        } else {
+            cols.iter().map(|&j| lik.gradient_hessian(j).0).collect()
+        };
         if g.iter().any(|v| !v.is_finite()) {
             return NewtonStep::IllConditioned;
         }
-        let mut use_approximate = approximate;
         let has_unpenalized = cols.iter().any(|&j| priors.is_unpenalized(j));
         let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
         let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
         let previous = self.last.as_ref().map(|(_, p)| *p);
-        // The step from the approximate information when it will do, else from the exact one.
+        // The matrix of the step, cheapest first: the previous approximate step's factor
+        // (same columns, and that step was short: the information has hardly changed), a
+        // fresh approximate one, the exact information.
+        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols)
+            && same_cols
+            && previous.is_some_and(|p| p <= REUSE_BELOW);
+        let mut source = match (approximate, reusable) {
+            (false, _) => Source::Exact,
+            (true, true) => Source::Reused,
+            (true, false) => Source::Approximate,
+        };
+        if !approximate {
+            self.factor = None;
+        }
         let (delta, dec2, dec) = loop {
-            let approx = if use_approximate {
-                lik.approximate_information(cols)
-            } else {
-                None
+            let step = match source {
+                Source::Reused => {
+                    let l = &self.factor.as_ref().expect("reusable").1;
+                    let mut g = g.clone();
+                    let _ = prior_terms(priors, cols, &at, &mut g, None);
+                    let delta = cholesky_solve(l, cols.len(), &g);
+                    let dec2 = dot(&g, &delta).max(0.0);
+                    Some((delta, dec2, None))
+                }
+                Source::Approximate | Source::Exact => {
+                    let approx = if source == Source::Approximate {
+                        lik.approximate_information(cols)
+                    } else {
+                        None
+                    };
+                    if approx.is_none() {
+                        source = Source::Exact;
+                    }
+                    let h = approx.unwrap_or_else(|| lik.information(cols));
+                    if h.iter().any(|v| !v.is_finite()) {
+                        return NewtonStep::IllConditioned;
+                    }
+                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                }
             };
-            let is_approx = approx.is_some();
-            let h = approx.unwrap_or_else(|| lik.information(cols));
-            if h.iter().any(|v| !v.is_finite()) {
-                return NewtonStep::IllConditioned;
-            }
-            let Some((delta, dec2)) = self.direction(priors, cols, &at, &mut g.clone(), h) else {
-                if is_approx {
-                    use_approximate = false;
+            let Some((delta, dec2, l)) = step else {
+                if source != Source::Exact {
+                    source = Source::Exact;
                     continue;
                 }
                 return NewtonStep::Stalled;
             };
+            if source == Source::Approximate {
+                self.factor = l.map(|l| (cols.to_vec(), l));
+            }
             let dec = dec2.sqrt();
-            if is_approx {
+            if source != Source::Exact {
                 let done = dec <= tolerance || dec2 / 2.0 <= noise;
                 let slow = same_cols && previous.is_some_and(|p| dec > APPROXIMATE_RATIO * p);
-                if (done && has_unpenalized) || slow {
+                if done && has_unpenalized {
                     // Decide on the exact matrix.
-                    use_approximate = false;
+                    source = Source::Exact;
+                    continue;
+                }
+                if slow {
+                    source = if source == Source::Reused {
+                        Source::Approximate
+                    } else {
+                        Source::Exact
+                    };
                     continue;
                 }
             }
@@ -159,31 +207,13 @@ impl Newton {
         at: &Point<'_>,
         g: &mut [f64],
         mut h: Vec<f64>,
-    ) -> Option<(Vec<f64>, f64)> {
+    ) -> Option<(Vec<f64>, f64, Option<Vec<f64>>)> {
         let k = cols.len();
-        // The penalty's first and second derivatives.
-        for (a, &j) in cols.iter().enumerate() {
-            match priors.per_coef[j] {
-                Prior::None => {}
-                Prior::Normal { variance } => {
-                    g[a] -= at.beta[j] / variance;
-                    h[a * k + a] += 1.0 / variance;
-                }
-                Prior::Laplace { lambda } => {
-                    debug_assert!(at.beta[j] != 0.0, "Laplace column {j} at zero");
-                    g[a] -= lambda * at.beta[j].signum();
-                }
-            }
-        }
+        prior_terms(priors, cols, at, g, Some(&mut h));
         let l = factor(&h, k)?;
         let delta = cholesky_solve(&l, k, g);
-        let dec2 = g
-            .iter()
-            .zip(&delta)
-            .map(|(a, b)| a * b)
-            .sum::<f64>()
-            .max(0.0);
-        Some((delta, dec2))
+        let dec2 = dot(g, &delta).max(0.0);
+        Some((delta, dec2, Some(l)))
     }
 
     /// Take the step (module docs, items 3 and 4).
@@ -226,6 +256,47 @@ impl Newton {
         lik.set_beta(beta);
         NewtonStep::Stalled
     }
+}
+
+/// Where a Newton step's matrix comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The previous approximate step's factor.
+    Reused,
+    /// [`Likelihood::approximate_information`].
+    Approximate,
+    /// [`Likelihood::information`].
+    Exact,
+}
+
+/// Add the penalty's first derivative to `g` (and its second to the diagonal of `h`).
+fn prior_terms(
+    priors: &PriorSet,
+    cols: &[usize],
+    at: &Point<'_>,
+    g: &mut [f64],
+    mut h: Option<&mut Vec<f64>>,
+) {
+    let k = cols.len();
+    for (a, &j) in cols.iter().enumerate() {
+        match priors.per_coef[j] {
+            Prior::None => {}
+            Prior::Normal { variance } => {
+                g[a] -= at.beta[j] / variance;
+                if let Some(h) = h.as_deref_mut() {
+                    h[a * k + a] += 1.0 / variance;
+                }
+            }
+            Prior::Laplace { lambda } => {
+                debug_assert!(at.beta[j] != 0.0, "Laplace column {j} at zero");
+                g[a] -= lambda * at.beta[j].signum();
+            }
+        }
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Evaluate β + t·Δ on `cols` (a Laplace coefficient that reaches or passes zero is set to

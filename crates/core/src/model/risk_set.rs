@@ -158,6 +158,8 @@ pub struct RiskSetModel {
     eu: Vec<f64>,
     ev: Vec<f64>,
     ez: Vec<f64>,
+    /// The latest row-major view of an information request (see `row_major`).
+    row_major_cache: Option<RowMajor>,
 }
 
 impl RiskSetModel {
@@ -536,6 +538,7 @@ impl RiskSetModel {
             } else {
                 Vec::new()
             },
+            row_major_cache: None,
         };
         m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
         m.event_offset_sum = (0..m.offset.len())
@@ -1381,6 +1384,72 @@ impl RiskSetModel {
         (cols.len() >= SWEEP_MIN_COLS).then(|| self.information_segments(cols))
     }
 
+    /// ∂LL/∂β_j for every j in `cols` (the first half of [`RiskSetModel::gradient_hessian`],
+    /// to rounding), in O(N + G + Σ nnz_j): with the per-row weight
+    /// d_i = w e_i [Σ_{pos ≤ g < exit} r_g + (1/G_i) Σ_{g < pos} r_g G_g − (Efron) u_{pos}]
+    /// (the S2 weight of `information_sweep`), g_j = Σ_events w x_j − Σ_i x_ij d_i: one gather
+    /// per entry instead of the walk's two, and no curvature. Columns are summed one by one in
+    /// entry order (in parallel across columns), so the result does not depend on the number
+    /// of threads.
+    pub fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let d = self.row_weights();
+        let one = |&j: &usize| -> f64 {
+            let Some(col) = self.cols.get(j) else {
+                return 0.0;
+            };
+            let mut acc = 0.0;
+            if col.vals.is_empty() {
+                for &r in &col.rows {
+                    acc += d[r as usize];
+                }
+            } else {
+                for (&r, &v) in col.rows.iter().zip(&col.vals) {
+                    acc += v * d[r as usize];
+                }
+            }
+            col.event_sum - acc
+        };
+        let entries: usize = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map_or(0, |c| c.rows.len()))
+            .sum();
+        if entries >= self.min_chunk.saturating_mul(4) {
+            use rayon::prelude::*;
+            cols.par_iter().map(one).collect()
+        } else {
+            cols.iter().map(one).collect()
+        }
+    }
+
+    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
+    fn row_weights(&self) -> Vec<f64> {
+        let mut d = vec![0.0; self.info.len()];
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            for (i, out) in d.iter_mut().enumerate().take(rb).skip(ra) {
+                let RowInfo { we, pos, .. } = self.info[i];
+                let p = pos as usize;
+                let exit = if self.counting {
+                    (self.exit[i] as usize).min(gb)
+                } else {
+                    gb
+                };
+                let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
+                if self.fg && self.inv_g[i] != 0.0 {
+                    w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+                }
+                if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
+                    w -= self.eu[p];
+                }
+                *out = we * w;
+            }
+        }
+        d
+    }
+
     /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
     /// sweep makes the information over k columns cost about k coordinate walks.
     pub fn polish_max_block(&self) -> usize {
@@ -1418,12 +1487,8 @@ impl RiskSetModel {
     pub(crate) fn information_sweep_blocks(&mut self, cols: &[usize], n_blocks: usize) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
-        let (row_ptr, ent_col, ent_val) = self.row_major(cols);
-        let rows = SweepRows {
-            ptr: &row_ptr,
-            col: &ent_col,
-            val: &ent_val,
-        };
+        let rm = self.row_major(cols);
+        let rows = rm.view();
         let n_blocks = n_blocks.clamp(1, k.max(1));
         let bounds: Vec<usize> = (0..=n_blocks).map(|b| b * k / n_blocks).collect();
         let run = |b: usize| self.sweep_block(&rows, k, bounds[b], bounds[b + 1]);
@@ -1445,40 +1510,59 @@ impl RiskSetModel {
                 out[a * k + b] = 0.5 * (m[a * k + b] + m[b * k + a]);
             }
         }
+        self.row_major_cache = Some(rm);
         out
     }
 
-    /// Row-major view (row pointers, column index in `cols`, value) of the columns `cols` in
-    /// sorted-row order (a counting sort by row).
-    fn row_major(&self, cols: &[usize]) -> (Vec<u32>, Vec<u32>, Vec<f64>) {
+    /// Row-major view (row pointers, column index in `cols`, values — none when all are 1) of
+    /// the columns `cols` in sorted-row order (a counting sort by row). The latest view is
+    /// kept: the Newton iterations of a polish round ask for the same columns again.
+    fn row_major(&mut self, cols: &[usize]) -> RowMajor {
+        if let Some(rm) = self.row_major_cache.take() {
+            if rm.cols == cols {
+                return rm;
+            }
+        }
         let n = self.info.len();
-        let mut row_ptr = vec![0u32; n + 1];
+        let mut ptr = vec![0u32; n + 1];
+        let mut ones = true;
         for &j in cols {
             if let Some(col) = self.cols.get(j) {
+                ones &= col.vals.is_empty();
                 for &r in &col.rows {
-                    row_ptr[r as usize + 1] += 1;
+                    ptr[r as usize + 1] += 1;
                 }
             }
         }
         for i in 0..n {
-            row_ptr[i + 1] += row_ptr[i];
+            ptr[i + 1] += ptr[i];
         }
-        let total = row_ptr[n] as usize;
-        let mut ent_col = vec![0u32; total];
-        let mut ent_val = vec![0.0f64; total];
-        let mut fill = row_ptr.clone();
+        let total = ptr[n] as usize;
+        let mut col_of = vec![0u32; total];
+        let mut val = if ones {
+            Vec::new()
+        } else {
+            vec![0.0f64; total]
+        };
+        let mut fill = ptr.clone();
         for (a, &j) in cols.iter().enumerate() {
             if let Some(col) = self.cols.get(j) {
                 for (i, &r) in col.rows.iter().enumerate() {
                     let at = fill[r as usize] as usize;
-                    ent_col[at] = a as u32;
-                    ent_val[at] = col.value(i);
+                    col_of[at] = a as u32;
+                    if !ones {
+                        val[at] = col.value(i);
+                    }
                     fill[r as usize] += 1;
                 }
             }
         }
-        drop(fill);
-        (row_ptr, ent_col, ent_val)
+        RowMajor {
+            cols: cols.to_vec(),
+            ptr,
+            col: col_of,
+            val,
+        }
     }
 
     /// A cheap upper bound Ĥ ≽ I of the information over `cols` (positive semidefinite
@@ -1490,33 +1574,61 @@ impl RiskSetModel {
     /// Σ_seg ω μ μᵀ − y yᵀ/Ω = Σ_seg ω (μ − y/Ω)(μ − y/Ω)ᵀ ≽ 0, so Ĥ − I is that sum over the
     /// segments: small when the risk set's mean varies little within a segment. A segment closes when
     /// the rows that entered the stratum's risk sets during it exceed 1/[`SEGMENT_GROWTH`] of
-    /// those before it (fine segments where the risk sets are small). Cost O(N + nnz + G·k +
-    /// segments·k²) with k = `cols.len()`, sequential (no dependence on threads).
+    /// those before it (fine segments where the risk sets are small). Each segment's y is its
+    /// start value times the segment's total weight plus every change of S1 inside it times
+    /// the weight of the groups from the change on, so the cost is O(N + G + Σ_rows k_i² +
+    /// segments·k²) (k_i: the row's entries among the k = `cols.len()` columns), sequential
+    /// (no dependence on threads).
     pub(crate) fn information_segments(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
-        let (row_ptr, ent_col, ent_val) = self.row_major(cols);
-        let rows = SweepRows {
-            ptr: &row_ptr,
-            col: &ent_col,
-            val: &ent_val,
-        };
+        let rm = self.row_major(cols);
+        let rows = rm.view();
         let fg = self.fg;
+        let n_groups = self.g_weight.len();
+        // Prefix sums over groups of c = q S0 (and c G, c S0 = ω): the weights of the
+        // segments' sums y = Σ ω μ = Σ c S1 and Ω = Σ ω.
+        let mut cum_c = vec![0.0; n_groups + 1];
+        let mut cum_cg = vec![0.0; if fg { n_groups + 1 } else { 0 }];
+        let mut cum_w = vec![0.0; n_groups + 1];
+        let (mut ac, mut acg, mut aw) = (0.0, 0.0, 0.0);
+        for h in 0..n_groups {
+            let q = self.prq[h + 1][1] - self.prq[h][1];
+            let s0 = self.s0(h);
+            let c = q * s0;
+            ac += c;
+            aw += c * s0;
+            cum_c[h + 1] = ac;
+            cum_w[h + 1] = aw;
+            if fg {
+                acg += c * self.g_cens[h];
+                cum_cg[h + 1] = acg;
+            }
+        }
+        // Upper triangle (a ≤ b) only; mirrored at the end.
         let mut m = vec![0.0; k * k];
         let mut f = vec![0.0; k];
         let mut bk = vec![0.0; k];
         let mut y = vec![0.0; k];
-        let mut s1 = vec![0.0; k];
         let mut e1 = vec![0.0; k];
         let mut e1_touched: Vec<u32> = Vec::new();
+        // m[a, b] += coef · x_a · x_b over the pairs a ≤ b of row i (columns increase along a
+        // row).
         let pairs = |m: &mut [f64], i: usize, coef: f64| {
             let (lo, hi) = rows.range(i);
             for e in lo..hi {
-                let xa = rows.val[e] * coef;
+                let xa = rows.value(e) * coef;
                 let base = rows.col[e] as usize * k;
-                for e2 in lo..hi {
-                    m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                for e2 in e..hi {
+                    m[base + rows.col[e2] as usize] += xa * rows.value(e2);
                 }
+            }
+        };
+        // y += coef · x_i (sparse).
+        let scatter = |v: &mut [f64], i: usize, coef: f64| {
+            let (lo, hi) = rows.range(i);
+            for e in lo..hi {
+                v[rows.col[e] as usize] += coef * rows.value(e);
             }
         };
         let mut xp = 0usize;
@@ -1526,138 +1638,137 @@ impl RiskSetModel {
             let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
             f.fill(0.0);
             bk.fill(0.0);
-            y.fill(0.0);
             if fg {
                 for i in ra..rb {
                     let inv = self.inv_g[i];
                     if inv != 0.0 {
-                        let c = self.info[i].we * inv;
-                        let (lo, hi) = rows.range(i);
-                        for e in lo..hi {
-                            bk[rows.col[e] as usize] += c * rows.val[e];
-                        }
+                        scatter(&mut bk, i, self.info[i].we * inv);
                     }
                 }
             }
-            let (mut q_seg, mut seg_rows, mut rows_before) = (0.0, 0usize, 0usize);
+            let mut rows_before = 0usize;
             let mut i = ra;
-            for h in ga..gb {
-                let efron = self.any_efron && self.efron_group[h];
-                let first = i;
-                while i < rb && self.info[i].pos as usize == h {
-                    let we = self.info[i].we;
-                    let (lo, hi) = rows.range(i);
-                    if lo < hi {
-                        let exit = if self.counting {
-                            (self.exit[i] as usize).min(gb)
-                        } else {
-                            gb
-                        };
-                        let mut d = self.prq[exit][0] - self.prq[h][0];
-                        if fg && self.inv_g[i] != 0.0 {
-                            d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
-                        }
-                        if efron && self.event[i] {
-                            d -= self.eu[h];
-                        }
-                        pairs(&mut m, i, we * d);
-                        for e in lo..hi {
-                            f[rows.col[e] as usize] += we * rows.val[e];
-                        }
-                        if efron && self.event[i] {
-                            for e in lo..hi {
-                                let a = rows.col[e];
-                                if e1[a as usize] == 0.0 {
-                                    e1_touched.push(a);
-                                }
-                                e1[a as usize] += we * rows.val[e];
-                            }
-                        }
+            let mut h0 = ga;
+            while h0 < gb {
+                // The segment h0..h1: groups while the rows entering stay within
+                // 1/SEGMENT_GROWTH of those before (at least one group).
+                let mut h1 = h0;
+                let mut scan = i;
+                let mut seg_rows = 0usize;
+                while h1 < gb && (h1 == h0 || seg_rows * SEGMENT_GROWTH <= rows_before) {
+                    while scan < rb && self.info[scan].pos as usize == h1 {
+                        scan += 1;
+                        seg_rows += 1;
                     }
-                    i += 1;
+                    h1 += 1;
                 }
-                seg_rows += i - first;
-                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
-                    let row = self.all_exits[xp].1 as usize;
-                    xp += 1;
-                    let we = self.info[row].we;
-                    let (lo, hi) = rows.range(row);
-                    for e in lo..hi {
-                        f[rows.col[e] as usize] -= we * rows.val[e];
-                    }
+                // y = C_seg F + CG_seg B at the segment's start, plus each change times the
+                // weight of the segment's groups from its position on.
+                let c_seg = cum_c[h1] - cum_c[h0];
+                for (t, &v) in y.iter_mut().zip(&f) {
+                    *t = c_seg * v;
                 }
                 if fg {
-                    for row in first..i {
-                        let inv = self.inv_g[row];
-                        if inv != 0.0 {
-                            let u = self.info[row].we * inv;
-                            let (lo, hi) = rows.range(row);
-                            for e in lo..hi {
-                                bk[rows.col[e] as usize] -= u * rows.val[e];
-                            }
-                        }
+                    let cg_seg = cum_cg[h1] - cum_cg[h0];
+                    for (t, &v) in y.iter_mut().zip(&bk) {
+                        *t += cg_seg * v;
                     }
                 }
-                let gc = if fg { self.g_cens[h] } else { 0.0 };
-                let q = self.prq[h + 1][1] - self.prq[h][1];
-                if q != 0.0 || !e1_touched.is_empty() {
+                for h in h0..h1 {
+                    let efron = self.any_efron && self.efron_group[h];
+                    let first = i;
+                    let c_rest = cum_c[h1] - cum_c[h];
+                    while i < rb && self.info[i].pos as usize == h {
+                        let we = self.info[i].we;
+                        let (lo, hi) = rows.range(i);
+                        if lo < hi {
+                            let exit = if self.counting {
+                                (self.exit[i] as usize).min(gb)
+                            } else {
+                                gb
+                            };
+                            let mut d = self.prq[exit][0] - self.prq[h][0];
+                            if fg && self.inv_g[i] != 0.0 {
+                                d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
+                            }
+                            if efron && self.event[i] {
+                                d -= self.eu[h];
+                            }
+                            pairs(&mut m, i, we * d);
+                            scatter(&mut f, i, we);
+                            scatter(&mut y, i, we * c_rest);
+                            if efron && self.event[i] {
+                                for e in lo..hi {
+                                    let a = rows.col[e];
+                                    if e1[a as usize] == 0.0 {
+                                        e1_touched.push(a);
+                                    }
+                                    e1[a as usize] += we * rows.value(e);
+                                }
+                            }
+                        }
+                        i += 1;
+                    }
+                    while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
+                        let row = self.all_exits[xp].1 as usize;
+                        xp += 1;
+                        let we = self.info[row].we;
+                        scatter(&mut f, row, -we);
+                        scatter(&mut y, row, -we * c_rest);
+                    }
                     if fg {
-                        for ((t, &fv), &bv) in s1.iter_mut().zip(&f).zip(&bk) {
-                            *t = fv + gc * bv;
-                        }
-                    } else {
-                        s1.copy_from_slice(&f);
-                    }
-                }
-                if q != 0.0 {
-                    // q S1 S1ᵀ = ω μ μᵀ with μ = S1/S0 (the risk set's mean, which drifts
-                    // slowly) and ω = q S0².
-                    let s0 = self.s0(h);
-                    let c = q * s0;
-                    for (t, &v) in y.iter_mut().zip(&s1) {
-                        *t += c * v;
-                    }
-                    q_seg += c * s0;
-                }
-                if !e1_touched.is_empty() {
-                    // + v (S1 E1ᵀ + E1 S1ᵀ) − z E1 E1ᵀ.
-                    let (v, z) = (self.ev[h], self.ez[h]);
-                    for &a in &e1_touched {
-                        let c = v * e1[a as usize];
-                        let a = a as usize;
-                        for b in 0..k {
-                            m[a * k + b] += c * s1[b];
-                            m[b * k + a] += c * s1[b];
-                        }
-                        for &b in &e1_touched {
-                            m[a * k + b as usize] -= z * e1[a] * e1[b as usize];
-                        }
-                    }
-                    for &a in &e1_touched {
-                        e1[a as usize] = 0.0;
-                    }
-                    e1_touched.clear();
-                }
-                let close =
-                    h + 1 == gb || (seg_rows as f64) * SEGMENT_GROWTH as f64 > rows_before as f64;
-                if close {
-                    if q_seg > 0.0 {
-                        for a in 0..k {
-                            if y[a] == 0.0 {
-                                continue;
-                            }
-                            let c = y[a] / q_seg;
-                            let row = &mut m[a * k..(a + 1) * k];
-                            for (r, &yb) in row.iter_mut().zip(&y) {
-                                *r -= c * yb;
+                        let cg_rest = cum_cg[h1] - cum_cg[h];
+                        for row in first..i {
+                            let inv = self.inv_g[row];
+                            if inv != 0.0 {
+                                let u = self.info[row].we * inv;
+                                scatter(&mut bk, row, -u);
+                                scatter(&mut y, row, -u * cg_rest);
                             }
                         }
                     }
-                    y.fill(0.0);
-                    q_seg = 0.0;
-                    rows_before += seg_rows;
-                    seg_rows = 0;
+                    if !e1_touched.is_empty() {
+                        // + v (S1 E1ᵀ + E1 S1ᵀ) − z E1 E1ᵀ, with S1 = F + G B at h.
+                        let gc = if fg { self.g_cens[h] } else { 0.0 };
+                        let (v, z) = (self.ev[h], self.ez[h]);
+                        for &a in &e1_touched {
+                            let a = a as usize;
+                            let c = v * e1[a];
+                            for b in 0..k {
+                                let s1 = f[b] + gc * bk[b];
+                                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                                m[lo * k + hi] += if a == b { 2.0 * c * s1 } else { c * s1 };
+                            }
+                        }
+                        for &a in &e1_touched {
+                            for &b in &e1_touched {
+                                if a <= b {
+                                    m[a as usize * k + b as usize] -=
+                                        z * e1[a as usize] * e1[b as usize];
+                                }
+                            }
+                        }
+                        for &a in &e1_touched {
+                            e1[a as usize] = 0.0;
+                        }
+                        e1_touched.clear();
+                    }
                 }
+                let omega = cum_w[h1] - cum_w[h0];
+                if omega > 0.0 {
+                    for a in 0..k {
+                        if y[a] == 0.0 {
+                            continue;
+                        }
+                        let c = y[a] / omega;
+                        let row = &mut m[a * k + a..(a + 1) * k];
+                        for (r, &yb) in row.iter_mut().zip(&y[a..]) {
+                            *r -= c * yb;
+                        }
+                    }
+                }
+                rows_before += seg_rows;
+                h0 = h1;
             }
             if fg {
                 while i < rb {
@@ -1670,14 +1781,12 @@ impl RiskSetModel {
                 }
             }
         }
-        // Exactly symmetric.
         for a in 0..k {
             for b in 0..a {
-                let v = 0.5 * (m[a * k + b] + m[b * k + a]);
-                m[a * k + b] = v;
-                m[b * k + a] = v;
+                m[a * k + b] = m[b * k + a];
             }
         }
+        self.row_major_cache = Some(rm);
         m
     }
 
@@ -1708,10 +1817,10 @@ impl RiskSetModel {
                 if !owned(a) {
                     continue;
                 }
-                let xa = rows.val[e] * coef;
+                let xa = rows.value(e) * coef;
                 let base = (a as usize - a0) * k;
                 for e2 in lo..hi {
-                    m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                    m[base + rows.col[e2] as usize] += xa * rows.value(e2);
                 }
             }
         };
@@ -1735,7 +1844,7 @@ impl RiskSetModel {
                         let c = self.info[i].we * inv;
                         let (lo, hi) = rows.range(i);
                         for e in lo..hi {
-                            bk[rows.col[e] as usize] += c * rows.val[e];
+                            bk[rows.col[e] as usize] += c * rows.value(e);
                         }
                     }
                 }
@@ -1789,12 +1898,12 @@ impl RiskSetModel {
                         for e in lo..hi {
                             let a = rows.col[e];
                             if owned(a) {
-                                axpy(&mut m, a, scale * we * rows.val[e], dense);
+                                axpy(&mut m, a, scale * we * rows.value(e), dense);
                             }
                         }
                         pairs(&mut m, i, -c1 * we * we);
                         for e in lo..hi {
-                            f[rows.col[e] as usize] += we * rows.val[e];
+                            f[rows.col[e] as usize] += we * rows.value(e);
                         }
                         if efron && self.event[i] {
                             for e in lo..hi {
@@ -1802,7 +1911,7 @@ impl RiskSetModel {
                                 if e1[a as usize] == 0.0 {
                                     e1_touched.push(a);
                                 }
-                                e1[a as usize] += we * rows.val[e];
+                                e1[a as usize] += we * rows.value(e);
                             }
                         }
                     }
@@ -1817,12 +1926,12 @@ impl RiskSetModel {
                     for e in lo..hi {
                         let a = rows.col[e];
                         if owned(a) {
-                            axpy(&mut m, a, c1 * we * rows.val[e], &f);
+                            axpy(&mut m, a, c1 * we * rows.value(e), &f);
                         }
                     }
                     pairs(&mut m, row, -c1 * we * we);
                     for e in lo..hi {
-                        f[rows.col[e] as usize] += we * rows.val[e];
+                        f[rows.col[e] as usize] += we * rows.value(e);
                     }
                 }
                 // Phase 2 (Fine–Gray): competing rows leave the backward sums at h.
@@ -1844,13 +1953,13 @@ impl RiskSetModel {
                         for e in lo..hi {
                             let a = rows.col[e];
                             if owned(a) {
-                                axpy(&mut m, a, u * rows.val[e], &tmp);
+                                axpy(&mut m, a, u * rows.value(e), &tmp);
                             }
                         }
                         pairs(&mut m, row, -c3 * u * u);
                         for e in lo..hi {
                             let a = rows.col[e] as usize;
-                            let du = u * rows.val[e];
+                            let du = u * rows.value(e);
                             bk[a] += du;
                             // Later rows of this group see the updated B.
                             tmp[a] += c3 * du;
@@ -2023,6 +2132,34 @@ impl SweepRows<'_> {
     #[inline]
     fn range(&self, i: usize) -> (usize, usize) {
         (self.ptr[i] as usize, self.ptr[i + 1] as usize)
+    }
+
+    #[inline]
+    fn value(&self, e: usize) -> f64 {
+        if self.val.is_empty() {
+            1.0
+        } else {
+            self.val[e]
+        }
+    }
+}
+
+/// An owned [`SweepRows`] with the columns it was built for.
+#[derive(Debug, Clone, Default)]
+struct RowMajor {
+    cols: Vec<usize>,
+    ptr: Vec<u32>,
+    col: Vec<u32>,
+    val: Vec<f64>,
+}
+
+impl RowMajor {
+    fn view(&self) -> SweepRows<'_> {
+        SweepRows {
+            ptr: &self.ptr,
+            col: &self.col,
+            val: &self.val,
+        }
     }
 }
 
@@ -2530,6 +2667,14 @@ pub mod test_support {
         let got = lik.information(&cols);
         for (a, (&u, &v)) in got.iter().zip(&info).enumerate() {
             assert!(close(u, v, 1e-9), "{what}: info[{a}] {u} vs {v}");
+        }
+        let reversed: Vec<usize> = (0..p).rev().collect();
+        for (&j, g) in reversed.iter().zip(lik.gradients(&reversed)) {
+            assert!(
+                close(g, grad[j], 1e-9),
+                "{what}: gradients[{j}] {g} vs {}",
+                grad[j]
+            );
         }
     }
 
