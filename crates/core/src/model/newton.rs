@@ -136,7 +136,7 @@ impl Newton {
                 Source::Reused => {
                     let l = &self.factor.as_ref().expect("reusable").1;
                     let mut g = g.clone();
-                    let _ = prior_terms(priors, cols, &at, &mut g, None);
+                    prior_terms(priors, cols, &at, &mut g, None);
                     let delta = cholesky_solve(l, cols.len(), &g);
                     let dec2 = dot(&g, &delta).max(0.0);
                     Some((delta, dec2, None))
@@ -187,9 +187,6 @@ impl Newton {
             }
             break (delta, dec2, dec);
         };
-        if std::env::var("EPIFUSION_TRACE_NEWTON").is_ok() {
-            eprintln!("    newton k={} dec={dec:.3e}", cols.len());
-        }
         let at_floor = dec2 / 2.0 <= noise
             && same_cols
             && self.last.as_ref().is_some_and(|(_, p)| dec > 0.5 * p);
