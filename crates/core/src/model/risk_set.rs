@@ -27,6 +27,20 @@
 //! through dense difference arrays. Coordinates that are not updated (most of them under a
 //! Laplace prior) cost O(nnz_j) only. `set_beta` recomputes everything from scratch.
 //!
+//! # Newton iterations
+//!
+//! Coordinate descent's active-set Newton polish ([`crate::model::ccd`]) needs, per step, the
+//! gradient over the active columns and a Newton matrix, never a refresh per coordinate:
+//!
+//! * [`RiskSetModel::gradients`]: g_j = Σ_events w x_j − Σ_i x_ij d_i with one weight d_i per
+//!   row from the prefix sums (one gather per nonzero);
+//! * `information_sweep` (the exact information from 33 columns on): one pass over the sorted
+//!   rows, the S2 part as a sparse Gram matrix and the S1 S1ᵀ part summed by parts (each row
+//!   adds one dense k-vector per nonzero), O(N + nnz·k) instead of O((N + G)·k²);
+//! * [`RiskSetModel::approximate_information`]: an upper bound Ĥ ≽ I that replaces, within
+//!   segments of consecutive event times, the risk set's mean covariate vector by its
+//!   weighted segment average (Cauchy–Schwarz), O(N + G + Σ_rows k_i² + segments·k²).
+//!
 //! # Determinism and threads
 //!
 //! Rows are ordered by (stratum id, time, row id), never by input position, and every sum runs
@@ -1368,7 +1382,7 @@ impl RiskSetModel {
     }
 
     /// Observed information (−Hessian) over `cols`, row-major. Up to
-    /// [`SWEEP_MIN_COLS`] − 1 columns from dense per-group sums (`information_dense`), above
+    /// 32 columns from dense per-group sums (`information_dense`), above
     /// that by the sparse sweep of `information_sweep` (O(N + nnz·k) instead of O((N + G)·k²)).
     pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
         if cols.len() >= SWEEP_MIN_COLS {
@@ -1379,7 +1393,7 @@ impl RiskSetModel {
     }
 
     /// The Newton matrix of the active-set polish ([`crate::model::Likelihood`]): the
-    /// segment bound of `information_segments` from [`SWEEP_MIN_COLS`] columns on.
+    /// segment bound of `information_segments` from 33 columns on.
     pub fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
         (cols.len() >= SWEEP_MIN_COLS).then(|| self.information_segments(cols))
     }
