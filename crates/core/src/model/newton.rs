@@ -42,6 +42,9 @@ const NOISE_ULPS: f64 = 1000.0;
 /// An approximate-information step that does not reduce the decrement below this fraction of
 /// the previous one is recomputed with the exact information.
 const APPROXIMATE_RATIO: f64 = 0.5;
+/// Largest active set on which a slow approximate step falls back to the exact information
+/// (beyond it the exact matrix costs more than the steps it would save).
+const EXACT_FALLBACK_MAX: usize = 64;
 /// An approximate step reuses the previous step's matrix when that step's decrement was at
 /// most this (the coefficients moved by at most this many standard errors).
 const REUSE_BELOW: f64 = 1.0;
@@ -93,9 +96,10 @@ impl Newton {
     /// ([`Likelihood::approximate_information`]) gives the step's direction where it has one
     /// (the gradient and the objective are always exact, and step-halving still never lowers
     /// the objective: an inexact Newton iteration, which converges linearly with a small
-    /// ratio); the exact information is used instead when the previous approximate step did
-    /// not halve the decrement, and before unpenalized coefficients are declared converged
-    /// (their rule is the exact decrement).
+    /// ratio); when a step does not halve the decrement the matrix is recomputed (a reused
+    /// factor from the approximate information, an approximate one from the exact
+    /// information up to 64 columns), and unpenalized coefficients are only declared
+    /// converged when their own exact decrement (the block's rule) is at most `tolerance`.
     pub fn step(
         &mut self,
         lik: &mut dyn Likelihood,
@@ -169,29 +173,40 @@ impl Newton {
             }
             let dec = dec2.sqrt();
             if source != Source::Exact {
-                let done = dec <= tolerance || dec2 / 2.0 <= noise;
                 let slow = same_cols && previous.is_some_and(|p| dec > APPROXIMATE_RATIO * p);
-                if done && has_unpenalized {
-                    // Decide on the exact matrix.
-                    source = Source::Exact;
+                if slow && source == Source::Reused {
+                    source = Source::Approximate;
                     continue;
                 }
-                if slow {
-                    source = if source == Source::Reused {
-                        Source::Approximate
-                    } else {
-                        Source::Exact
-                    };
+                if slow && cols.len() <= EXACT_FALLBACK_MAX {
+                    source = Source::Exact;
                     continue;
                 }
             }
             break (delta, dec2, dec);
         };
+        // Unpenalized coefficients are declared converged on their own exact decrement (the
+        // block's rule), not on an approximate one.
+        let mut may_converge = true;
+        if source != Source::Exact && has_unpenalized && (dec <= tolerance || dec2 / 2.0 <= noise) {
+            let (idx, block): (Vec<usize>, Vec<usize>) = cols
+                .iter()
+                .enumerate()
+                .filter(|&(_, &j)| priors.is_unpenalized(j))
+                .unzip();
+            let mut gb: Vec<f64> = idx.iter().map(|&a| g[a]).collect();
+            let h = lik.information(&block);
+            let exact = self
+                .direction(priors, &block, &at, &mut gb, h)
+                .map_or(f64::INFINITY, |(_, d2, _)| d2.sqrt());
+            may_converge = exact <= tolerance;
+        }
         let at_floor = dec2 / 2.0 <= noise
             && same_cols
             && self.last.as_ref().is_some_and(|(_, p)| dec > 0.5 * p);
         self.last = Some((cols.to_vec(), dec));
-        self.finish(lik, priors, cols, at, tolerance, delta, dec2, dec, at_floor)
+        let converged = may_converge && (dec <= tolerance || at_floor);
+        self.finish(lik, priors, cols, at, delta, dec2, converged)
     }
 
     /// The Newton direction Δ = H⁻¹G on `cols` and the squared decrement GᵀH⁻¹G, from the
@@ -221,14 +236,12 @@ impl Newton {
         priors: &PriorSet,
         cols: &[usize],
         at: Point<'_>,
-        tolerance: f64,
         delta: Vec<f64>,
         dec2: f64,
-        dec: f64,
-        at_floor: bool,
+        converged: bool,
     ) -> NewtonStep {
         let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
-        if dec <= tolerance || at_floor {
+        if converged {
             // The polish: below the objective's resolution it cannot be verified; take it
             // unless it visibly lowers the objective. When even that fails, β stays (it is
             // within `tolerance` standard errors).

@@ -1467,7 +1467,10 @@ impl RiskSetModel {
     /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
     /// sweep makes the information over k columns cost about k coordinate walks.
     pub fn polish_max_block(&self) -> usize {
-        POLISH_MAX_COLS
+        // A Newton step costs about k³/3 for the factorization, a cycle m·G for the refreshes
+        // of its m moving coordinates: Newton pays from k ≈ √G on (clamped to 64..2048).
+        let g = self.g_weight.len() as f64;
+        ((4.0 * g.sqrt()) as usize).clamp(POLISH_MIN_COLS, POLISH_MAX_COLS)
     }
 
     /// Observed information over `cols` by one sweep over the sorted rows, with no k × k work
@@ -2187,7 +2190,9 @@ const SWEEP_MAX_BLOCKS: usize = 8;
 /// the segment exceed 1/`SEGMENT_GROWTH` of those entered before it.
 const SEGMENT_GROWTH: usize = 16;
 /// Largest active set that coordinate descent polishes by Newton–Raphson on this likelihood.
-const POLISH_MAX_COLS: usize = 512;
+const POLISH_MAX_COLS: usize = 2048;
+/// Smallest limit of [`RiskSetModel::polish_max_block`] (above the classic 32).
+const POLISH_MIN_COLS: usize = 64;
 
 /// One chunk of [`RiskSetModel::refresh_pending`].
 struct ChunkJob<'a> {
