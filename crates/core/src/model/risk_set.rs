@@ -1622,25 +1622,15 @@ impl RiskSetModel {
                 cum_cg[h + 1] = acg;
             }
         }
-        // Upper triangle (a ≤ b) only; mirrored at the end.
-        let mut m = vec![0.0; k * k];
+        // Upper triangle (a ≤ b) only; mirrored at the end. The S2 part first: a sparse Gram
+        // matrix with the gradients' row weights.
+        let weights = self.row_weights();
+        let mut m = gram_upper(&rows, k, &weights);
         let mut f = vec![0.0; k];
         let mut bk = vec![0.0; k];
         let mut y = vec![0.0; k];
         let mut e1 = vec![0.0; k];
         let mut e1_touched: Vec<u32> = Vec::new();
-        // m[a, b] += coef · x_a · x_b over the pairs a ≤ b of row i (columns increase along a
-        // row).
-        let pairs = |m: &mut [f64], i: usize, coef: f64| {
-            let (lo, hi) = rows.range(i);
-            for e in lo..hi {
-                let xa = rows.value(e) * coef;
-                let base = rows.col[e] as usize * k;
-                for e2 in e..hi {
-                    m[base + rows.col[e2] as usize] += xa * rows.value(e2);
-                }
-            }
-        };
         // y += coef · x_i (sparse).
         let scatter = |v: &mut [f64], i: usize, coef: f64| {
             let (lo, hi) = rows.range(i);
@@ -1699,19 +1689,6 @@ impl RiskSetModel {
                         let we = self.info[i].we;
                         let (lo, hi) = rows.range(i);
                         if lo < hi {
-                            let exit = if self.counting {
-                                (self.exit[i] as usize).min(gb)
-                            } else {
-                                gb
-                            };
-                            let mut d = self.prq[exit][0] - self.prq[h][0];
-                            if fg && self.inv_g[i] != 0.0 {
-                                d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
-                            }
-                            if efron && self.event[i] {
-                                d -= self.eu[h];
-                            }
-                            pairs(&mut m, i, we * d);
                             scatter(&mut f, i, we);
                             scatter(&mut y, i, we * c_rest);
                             if efron && self.event[i] {
@@ -1786,16 +1763,6 @@ impl RiskSetModel {
                 }
                 rows_before += seg_rows;
                 h0 = h1;
-            }
-            if fg {
-                while i < rb {
-                    let inv = self.inv_g[i];
-                    if inv != 0.0 {
-                        let d = inv * (self.pg[gb][0] - self.pg[ga][0]);
-                        pairs(&mut m, i, self.info[i].we * d);
-                    }
-                    i += 1;
-                }
             }
         }
         for a in 0..k {
@@ -2160,6 +2127,82 @@ impl SweepRows<'_> {
         }
     }
 }
+
+/// Upper triangle (a ≤ b, row-major k × k, the rest 0) of Σ_i w_i x_i x_iᵀ over the rows of
+/// `rows`. The rows a of the result are split into blocks of about equal triangle area, one
+/// per thread, each scanning every row; every entry is summed by the same operations in the
+/// same order (rows in order) whatever the split, so the result does not depend on the
+/// number of threads even though the split does.
+fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
+    let n_blocks = if rows.col.len() >= GRAM_PAR_MIN_ENTRIES {
+        rayon::current_num_threads()
+            .clamp(1, GRAM_MAX_BLOCKS)
+            .min(k.max(1))
+    } else {
+        1
+    };
+    // Block b covers rows bounds[b]..bounds[b + 1]: equal shares of k(k + 1)/2.
+    let total = (k * (k + 1) / 2) as f64;
+    let mut bounds = vec![0usize];
+    let mut acc = 0.0;
+    for a in 0..k {
+        acc += (k - a) as f64;
+        if acc >= total * bounds.len() as f64 / n_blocks as f64 && bounds.len() < n_blocks {
+            bounds.push(a + 1);
+        }
+    }
+    bounds.push(k);
+    bounds.dedup();
+    let n = w.len();
+    let block = |b: usize| -> Vec<f64> {
+        let (a0, a1) = (bounds[b], bounds[b + 1]);
+        let mut m = vec![0.0; (a1 - a0) * k];
+        for (i, &c) in w.iter().enumerate().take(n) {
+            let (lo, hi) = rows.range(i);
+            if lo == hi || c == 0.0 {
+                continue;
+            }
+            for e in lo..hi {
+                let a = rows.col[e] as usize;
+                if a < a0 {
+                    continue;
+                }
+                if a >= a1 {
+                    break;
+                }
+                let xa = rows.value(e) * c;
+                let base = (a - a0) * k;
+                if rows.val.is_empty() {
+                    for &b in &rows.col[e..hi] {
+                        m[base + b as usize] += xa;
+                    }
+                } else {
+                    for e2 in e..hi {
+                        m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                    }
+                }
+            }
+        }
+        m
+    };
+    let n_parts = bounds.len() - 1;
+    let parts: Vec<Vec<f64>> = if n_parts == 1 {
+        vec![block(0)]
+    } else {
+        use rayon::prelude::*;
+        (0..n_parts).into_par_iter().map(block).collect()
+    };
+    let mut m = Vec::with_capacity(k * k);
+    for part in parts {
+        m.extend_from_slice(&part);
+    }
+    m
+}
+
+/// Most blocks of rows of [`gram_upper`].
+const GRAM_MAX_BLOCKS: usize = 8;
+/// Entries from which [`gram_upper`] runs blocks in parallel.
+const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
 
 /// An owned [`SweepRows`] with the columns it was built for.
 #[derive(Debug, Clone, Default)]
