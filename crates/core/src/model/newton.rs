@@ -78,6 +78,9 @@ pub(crate) struct Newton {
     /// The Cholesky factor of the latest approximate step's matrix and its columns, reused
     /// by the next approximate step on the same columns when that step was short.
     factor: Option<(Vec<usize>, Vec<f64>)>,
+    /// The latest fresh approximate information and its (sorted) columns: after a short step
+    /// that set coefficients to zero, the next step uses its rows and columns of the rest.
+    matrix: Option<(Vec<usize>, Vec<f64>)>,
 }
 
 /// The state a Newton iteration works on: β, its log-likelihood and objective.
@@ -96,8 +99,10 @@ impl Newton {
     /// ([`Likelihood::approximate_information`]) gives the step's direction where it has one
     /// (the gradient and the objective are always exact, and step-halving still never lowers
     /// the objective: an inexact Newton iteration, which converges linearly with a small
-    /// ratio); when a step does not halve the decrement the matrix is recomputed (a reused
-    /// factor from the approximate information, an approximate one from the exact
+    /// ratio). After a short step (decrement ≤ 1) the previous matrix is used again — its
+    /// factor on the same columns, its rows and columns when the step set coefficients to
+    /// zero. When a step does not halve the decrement the matrix is recomputed (a reused one
+    /// from the approximate information, an approximate one from the exact
     /// information up to 64 columns), and unpenalized coefficients are only declared
     /// converged when their own exact decrement (the block's rule) is at most `tolerance`.
     pub fn step(
@@ -124,16 +129,25 @@ impl Newton {
         // The matrix of the step, cheapest first: the previous approximate step's factor
         // (same columns, and that step was short: the information has hardly changed), a
         // fresh approximate one, the exact information.
-        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols)
-            && same_cols
-            && previous.is_some_and(|p| p <= REUSE_BELOW);
-        let mut source = match (approximate, reusable) {
-            (false, _) => Source::Exact,
-            (true, true) => Source::Reused,
-            (true, false) => Source::Approximate,
+        let short = previous.is_some_and(|p| p <= REUSE_BELOW);
+        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols) && same_cols && short;
+        let sub = if approximate && short && !reusable {
+            self.matrix
+                .as_ref()
+                .and_then(|(c, h)| submatrix(c, h, cols))
+        } else {
+            None
         };
+        let mut source = match (approximate, reusable, sub.is_some()) {
+            (false, _, _) => Source::Exact,
+            (true, true, _) => Source::Reused,
+            (true, false, true) => Source::Submatrix,
+            (true, false, false) => Source::Approximate,
+        };
+        let mut sub = sub;
         if !approximate {
             self.factor = None;
+            self.matrix = None;
         }
         let (delta, dec2, dec) = loop {
             let step = match source {
@@ -145,9 +159,20 @@ impl Newton {
                     let dec2 = dot(&g, &delta).max(0.0);
                     Some((delta, dec2, None))
                 }
+                Source::Submatrix => {
+                    let h = sub.take().expect("submatrix");
+                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                }
                 Source::Approximate | Source::Exact => {
                     let approx = if source == Source::Approximate {
-                        lik.approximate_information(cols)
+                        let h = lik.approximate_information(cols);
+                        let mut sorted = cols.to_vec();
+                        sorted.sort_unstable();
+                        self.matrix = match &h {
+                            Some(h) if sorted == cols => Some((sorted, h.clone())),
+                            _ => None,
+                        };
+                        h
                     } else {
                         None
                     };
@@ -168,13 +193,13 @@ impl Newton {
                 }
                 return NewtonStep::Stalled;
             };
-            if source == Source::Approximate {
+            if matches!(source, Source::Approximate | Source::Submatrix) {
                 self.factor = l.map(|l| (cols.to_vec(), l));
             }
             let dec = dec2.sqrt();
             if source != Source::Exact {
                 let slow = same_cols && previous.is_some_and(|p| dec > APPROXIMATE_RATIO * p);
-                if slow && source == Source::Reused {
+                if slow && matches!(source, Source::Reused | Source::Submatrix) {
                     source = Source::Approximate;
                     continue;
                 }
@@ -273,10 +298,28 @@ impl Newton {
 enum Source {
     /// The previous approximate step's factor.
     Reused,
+    /// Rows and columns of the latest approximate information.
+    Submatrix,
     /// [`Likelihood::approximate_information`].
     Approximate,
     /// [`Likelihood::information`].
     Exact,
+}
+
+/// The rows and columns `cols` of `h` (over the sorted columns `of`), when `cols` ⊆ `of`.
+fn submatrix(of: &[usize], h: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
+    let n = of.len();
+    let idx: Vec<usize> = cols
+        .iter()
+        .map(|j| of.binary_search(j).ok())
+        .collect::<Option<_>>()?;
+    let mut out = Vec::with_capacity(cols.len() * cols.len());
+    for &a in &idx {
+        for &b in &idx {
+            out.push(h[a * n + b]);
+        }
+    }
+    Some(out)
 }
 
 /// Add the penalty's first derivative to `g` (and its second to the diagonal of `h`).
