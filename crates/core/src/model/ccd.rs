@@ -337,6 +337,7 @@ pub fn fit(
         }
         bound0 *= 0.1;
     }
+    lik.release_scratch();
     let mut r = last.expect("at least one attempt runs");
     if r.status == FitStatus::IllConditioned {
         // Never report NaN with a success status; leave the likelihood at β0.

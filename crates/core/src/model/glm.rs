@@ -70,6 +70,9 @@ impl RowGlm {
         cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
     }
 
+    /// No scratch kept ([`Likelihood::release_scratch`]).
+    fn release_scratch(&mut self) {}
+
     /// No cheap approximation ([`Likelihood::approximate_information`]).
     fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
         None

@@ -42,6 +42,9 @@ macro_rules! delegate_likelihood {
             fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
                 self.$field.gradients(cols)
             }
+            fn release_scratch(&mut self) {
+                self.$field.release_scratch()
+            }
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
@@ -246,6 +249,8 @@ pub trait Likelihood: Send {
     fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
         cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
     }
+    /// Free scratch memory kept between calls (the end of a fit).
+    fn release_scratch(&mut self) {}
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;
 }

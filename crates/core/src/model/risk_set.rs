@@ -1464,6 +1464,11 @@ impl RiskSetModel {
         d
     }
 
+    /// Drop the row-major view kept for the Newton iterations (the end of a fit).
+    pub fn release_scratch(&mut self) {
+        self.row_major_cache = None;
+    }
+
     /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
     /// sweep makes the information over k columns cost about k coordinate walks.
     pub fn polish_max_block(&self) -> usize {
