@@ -45,8 +45,8 @@
 //!   (a coefficient that a step sets to zero leaves it) until the decrement is at most
 //!   `tolerance`; then every coordinate-descent coefficient is checked at the returned β
 //!   (gradients only, [`Likelihood::gradients`]). If the check passes the fit has converged;
-//!   otherwise the next cycle visits the violators alone (at most 8 times, then full cycles
-//!   again) and the polish follows. The Newton matrix is the likelihood's cheap upper bound
+//!   otherwise one simultaneous step on the violators alone (at most 8 times, then full
+//!   cycles again) and the polish follows. The Newton matrix is the likelihood's cheap upper bound
 //!   Ĥ ≽ I of the information ([`Likelihood::approximate_information`]; for Cox and
 //!   Fine–Gray the risk sets' mean covariate vector averaged over segments of event times),
 //!   and after a short step (decrement ≤ 1) the previous step's factor. The gradient and the
@@ -653,6 +653,8 @@ fn optimality_attempt(
     // Whether a cycle has run (the first one, under the active-set Newton polish, is one
     // simultaneous step).
     let mut cycled = false;
+    // The next cycle visits the violators of a polish round's check.
+    let mut violators_next = false;
     let polish_max = if repeat_polish {
         lik.polish_max_block()
     } else {
@@ -669,8 +671,9 @@ fn optimality_attempt(
         let mut cycle_violation = 0.0;
         if run_cycle {
             let cs: &[usize] = if full { &coords } else { &subset };
-            let simultaneous = repeat_polish && !cycled;
+            let simultaneous = repeat_polish && (!cycled || violators_next);
             cycled = true;
+            violators_next = false;
             let step = if simultaneous {
                 simultaneous_step(lik, priors, &mut beta, &mut bound, cs, obj, updates)
             } else {
@@ -800,9 +803,10 @@ fn optimality_attempt(
             }
             failed_rounds += 1;
             if failed_rounds <= MAX_REPOLISH {
-                // Coordinate descent steps on the violators, then the polish again.
+                // One simultaneous step on the violators, then the polish again.
                 subset = violators;
                 full = false;
+                violators_next = true;
             } else {
                 full = true;
             }
