@@ -60,6 +60,24 @@ struct RowGlm {
 }
 
 impl RowGlm {
+    /// The default polish limit of [`Likelihood::polish_max_block`].
+    fn polish_max_block(&self) -> usize {
+        super::newton::POLISH_MAX_BLOCK
+    }
+
+    /// The gradients one coordinate at a time ([`Likelihood::gradients`]).
+    fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
+    }
+
+    /// No scratch kept ([`Likelihood::release_scratch`]).
+    fn release_scratch(&mut self) {}
+
+    /// No cheap approximation ([`Likelihood::approximate_information`]).
+    fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
+        None
+    }
+
     fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
         let n = x.n_rows();

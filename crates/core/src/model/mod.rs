@@ -33,6 +33,18 @@ macro_rules! delegate_likelihood {
             fn information(&mut self, cols: &[usize]) -> Vec<f64> {
                 self.$field.information(cols)
             }
+            fn polish_max_block(&self) -> usize {
+                self.$field.polish_max_block()
+            }
+            fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
+                self.$field.approximate_information(cols)
+            }
+            fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+                self.$field.gradients(cols)
+            }
+            fn release_scratch(&mut self) {
+                self.$field.release_scratch()
+            }
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
@@ -221,6 +233,26 @@ pub trait Likelihood: Send {
     /// Observed information matrix (−Hessian of the log-likelihood) restricted to `cols`,
     /// row-major `cols.len() × cols.len()`, at the current state.
     fn information(&mut self, cols: &[usize]) -> Vec<f64>;
+    /// The largest active set (unpenalized block plus non-zero coefficients) for which a
+    /// Newton–Raphson step on the exact information is cheaper than coordinate-descent
+    /// cycles ([`crate::model::ccd`]'s polish). Likelihoods whose information over k columns
+    /// costs about k coordinate walks (Cox, Fine–Gray) allow hundreds.
+    fn polish_max_block(&self) -> usize {
+        newton::POLISH_MAX_BLOCK
+    }
+    /// A matrix at least as large as the information over `cols` (in the positive
+    /// semidefinite order) and close to it, much cheaper to compute, when the likelihood has
+    /// one: the Newton matrix of the active-set polish. `None`: use the exact information.
+    fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
+        None
+    }
+    /// g_j = ∂LL/∂β_j for every j in `cols` at the current state (the first half of
+    /// [`Likelihood::gradient_hessian`], to rounding; likelihoods may compute it faster).
+    fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
+    }
+    /// Free scratch memory kept between calls (the end of a fit).
+    fn release_scratch(&mut self) {}
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;
 }

@@ -39,6 +39,15 @@ use super::Likelihood;
 
 /// Relative rounding level of the objective, in units of ε: ρ = NOISE_ULPS·ε·(1 + |f|).
 const NOISE_ULPS: f64 = 1000.0;
+/// An approximate-information step that does not reduce the decrement below this fraction of
+/// the previous one is recomputed with the exact information.
+const APPROXIMATE_RATIO: f64 = 0.5;
+/// Largest active set on which a slow approximate step falls back to the exact information
+/// (beyond it the exact matrix costs more than the steps it would save).
+const EXACT_FALLBACK_MAX: usize = 64;
+/// An approximate step reuses the previous step's matrix when that step's decrement was at
+/// most this (the coefficients moved by at most this many standard errors).
+const REUSE_BELOW: f64 = 1.0;
 /// Most step halvings in one iteration.
 const MAX_HALVINGS: usize = 30;
 /// Largest active set (unpenalized block plus non-zero / Normal-prior coefficients) that
@@ -66,6 +75,12 @@ pub(crate) enum NewtonStep {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Newton {
     last: Option<(Vec<usize>, f64)>,
+    /// The Cholesky factor of the latest approximate step's matrix and its columns, reused
+    /// by the next approximate step on the same columns when that step was short.
+    factor: Option<(Vec<usize>, Vec<f64>)>,
+    /// The latest fresh approximate information and its (sorted) columns: after a short step
+    /// that set coefficients to zero, the next step uses its rows and columns of the rest.
+    matrix: Option<(Vec<usize>, Vec<f64>)>,
 }
 
 /// The state a Newton iteration works on: β, its log-likelihood and objective.
@@ -79,6 +94,17 @@ impl Newton {
     /// One Newton–Raphson iteration (module docs) on the columns `cols` from the likelihood's
     /// current state, which must be at `at.beta`; on return the likelihood is at the (possibly
     /// new) `at.beta`. Laplace-prior columns must be non-zero.
+    ///
+    /// With `approximate`, the likelihood's cheap upper bound of the information
+    /// ([`Likelihood::approximate_information`]) gives the step's direction where it has one
+    /// (the gradient and the objective are always exact, and step-halving still never lowers
+    /// the objective: an inexact Newton iteration, which converges linearly with a small
+    /// ratio). After a short step (decrement ≤ 1) the previous matrix is used again — its
+    /// factor on the same columns, its rows and columns when the step set coefficients to
+    /// zero. When a step does not halve the decrement the matrix is recomputed (a reused one
+    /// from the approximate information, an approximate one from the exact
+    /// information up to 64 columns), and unpenalized coefficients are only declared
+    /// converged when their own exact decrement (the block's rule) is at most `tolerance`.
     pub fn step(
         &mut self,
         lik: &mut dyn Likelihood,
@@ -86,45 +112,161 @@ impl Newton {
         cols: &[usize],
         at: Point<'_>,
         tolerance: f64,
+        approximate: bool,
     ) -> NewtonStep {
-        let k = cols.len();
-        let mut g: Vec<f64> = cols.iter().map(|&j| lik.gradient_hessian(j).0).collect();
-        let mut h = lik.information(cols);
-        if g.iter().chain(&h).any(|v| !v.is_finite()) {
+        let g: Vec<f64> = if approximate {
+            lik.gradients(cols)
+        } else {
+            cols.iter().map(|&j| lik.gradient_hessian(j).0).collect()
+        };
+        if g.iter().any(|v| !v.is_finite()) {
             return NewtonStep::IllConditioned;
         }
-        // The penalty's first and second derivatives.
-        for (a, &j) in cols.iter().enumerate() {
-            match priors.per_coef[j] {
-                Prior::None => {}
-                Prior::Normal { variance } => {
-                    g[a] -= at.beta[j] / variance;
-                    h[a * k + a] += 1.0 / variance;
-                }
-                Prior::Laplace { lambda } => {
-                    debug_assert!(at.beta[j] != 0.0, "Laplace column {j} at zero");
-                    g[a] -= lambda * at.beta[j].signum();
-                }
-            }
-        }
-        let Some(l) = factor(&h, k) else {
-            return NewtonStep::Stalled;
-        };
-        let delta = cholesky_solve(&l, k, &g);
-        let dec2 = g
-            .iter()
-            .zip(&delta)
-            .map(|(a, b)| a * b)
-            .sum::<f64>()
-            .max(0.0);
-        let dec = dec2.sqrt();
+        let has_unpenalized = cols.iter().any(|&j| priors.is_unpenalized(j));
         let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
         let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
+        let previous = self.last.as_ref().map(|(_, p)| *p);
+        // The matrix of the step, cheapest first: the previous approximate step's factor
+        // (same columns, and that step was short: the information has hardly changed), a
+        // fresh approximate one, the exact information.
+        let short = previous.is_some_and(|p| p <= REUSE_BELOW);
+        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols) && same_cols && short;
+        let sub = if approximate && short && !reusable {
+            self.matrix
+                .as_ref()
+                .and_then(|(c, h)| submatrix(c, h, cols))
+        } else {
+            None
+        };
+        let mut source = match (approximate, reusable, sub.is_some()) {
+            (false, _, _) => Source::Exact,
+            (true, true, _) => Source::Reused,
+            (true, false, true) => Source::Submatrix,
+            (true, false, false) => Source::Approximate,
+        };
+        let mut sub = sub;
+        if !approximate {
+            self.factor = None;
+            self.matrix = None;
+        }
+        let (delta, dec2, dec) = loop {
+            let step = match source {
+                Source::Reused => {
+                    let l = &self.factor.as_ref().expect("reusable").1;
+                    let mut g = g.clone();
+                    prior_terms(priors, cols, &at, &mut g, None);
+                    let delta = cholesky_solve(l, cols.len(), &g);
+                    let dec2 = dot(&g, &delta).max(0.0);
+                    Some((delta, dec2, None))
+                }
+                Source::Submatrix => {
+                    let h = sub.take().expect("submatrix");
+                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                }
+                Source::Approximate | Source::Exact => {
+                    let approx = if source == Source::Approximate {
+                        let h = lik.approximate_information(cols);
+                        let mut sorted = cols.to_vec();
+                        sorted.sort_unstable();
+                        self.matrix = match &h {
+                            Some(h) if sorted == cols => Some((sorted, h.clone())),
+                            _ => None,
+                        };
+                        h
+                    } else {
+                        None
+                    };
+                    if approx.is_none() {
+                        source = Source::Exact;
+                    }
+                    let h = approx.unwrap_or_else(|| lik.information(cols));
+                    if h.iter().any(|v| !v.is_finite()) {
+                        return NewtonStep::IllConditioned;
+                    }
+                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                }
+            };
+            let Some((delta, dec2, l)) = step else {
+                if source != Source::Exact {
+                    source = Source::Exact;
+                    continue;
+                }
+                return NewtonStep::Stalled;
+            };
+            if matches!(source, Source::Approximate | Source::Submatrix) {
+                self.factor = l.map(|l| (cols.to_vec(), l));
+            }
+            let dec = dec2.sqrt();
+            if source != Source::Exact {
+                let slow = same_cols && previous.is_some_and(|p| dec > APPROXIMATE_RATIO * p);
+                if slow && matches!(source, Source::Reused | Source::Submatrix) {
+                    source = Source::Approximate;
+                    continue;
+                }
+                if slow && cols.len() <= EXACT_FALLBACK_MAX {
+                    source = Source::Exact;
+                    continue;
+                }
+            }
+            break (delta, dec2, dec);
+        };
+        // Unpenalized coefficients are declared converged on their own exact decrement (the
+        // block's rule), not on an approximate one.
+        let mut may_converge = true;
+        if source != Source::Exact && has_unpenalized && (dec <= tolerance || dec2 / 2.0 <= noise) {
+            let (idx, block): (Vec<usize>, Vec<usize>) = cols
+                .iter()
+                .enumerate()
+                .filter(|&(_, &j)| priors.is_unpenalized(j))
+                .unzip();
+            let mut gb: Vec<f64> = idx.iter().map(|&a| g[a]).collect();
+            let h = lik.information(&block);
+            let exact = self
+                .direction(priors, &block, &at, &mut gb, h)
+                .map_or(f64::INFINITY, |(_, d2, _)| d2.sqrt());
+            may_converge = exact <= tolerance;
+        }
         let at_floor = dec2 / 2.0 <= noise
             && same_cols
             && self.last.as_ref().is_some_and(|(_, p)| dec > 0.5 * p);
         self.last = Some((cols.to_vec(), dec));
-        if dec <= tolerance || at_floor {
+        let converged = may_converge && (dec <= tolerance || at_floor);
+        self.finish(lik, priors, cols, at, delta, dec2, converged)
+    }
+
+    /// The Newton direction Δ = H⁻¹G on `cols` and the squared decrement GᵀH⁻¹G, from the
+    /// log-likelihood's gradient `g` and information `h` plus the prior's terms; `None` when
+    /// the matrix cannot be factored.
+    fn direction(
+        &self,
+        priors: &PriorSet,
+        cols: &[usize],
+        at: &Point<'_>,
+        g: &mut [f64],
+        mut h: Vec<f64>,
+    ) -> Option<(Vec<f64>, f64, Option<Vec<f64>>)> {
+        let k = cols.len();
+        prior_terms(priors, cols, at, g, Some(&mut h));
+        let l = factor(&h, k)?;
+        let delta = cholesky_solve(&l, k, g);
+        let dec2 = dot(g, &delta).max(0.0);
+        Some((delta, dec2, Some(l)))
+    }
+
+    /// Take the step (module docs, items 3 and 4).
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        lik: &mut dyn Likelihood,
+        priors: &PriorSet,
+        cols: &[usize],
+        at: Point<'_>,
+        delta: Vec<f64>,
+        dec2: f64,
+        converged: bool,
+    ) -> NewtonStep {
+        let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
+        if converged {
             // The polish: below the objective's resolution it cannot be verified; take it
             // unless it visibly lowers the objective. When even that fails, β stays (it is
             // within `tolerance` standard errors).
@@ -149,6 +291,65 @@ impl Newton {
         lik.set_beta(beta);
         NewtonStep::Stalled
     }
+}
+
+/// Where a Newton step's matrix comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The previous approximate step's factor.
+    Reused,
+    /// Rows and columns of the latest approximate information.
+    Submatrix,
+    /// [`Likelihood::approximate_information`].
+    Approximate,
+    /// [`Likelihood::information`].
+    Exact,
+}
+
+/// The rows and columns `cols` of `h` (over the sorted columns `of`), when `cols` ⊆ `of`.
+fn submatrix(of: &[usize], h: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
+    let n = of.len();
+    let idx: Vec<usize> = cols
+        .iter()
+        .map(|j| of.binary_search(j).ok())
+        .collect::<Option<_>>()?;
+    let mut out = Vec::with_capacity(cols.len() * cols.len());
+    for &a in &idx {
+        for &b in &idx {
+            out.push(h[a * n + b]);
+        }
+    }
+    Some(out)
+}
+
+/// Add the penalty's first derivative to `g` (and its second to the diagonal of `h`).
+fn prior_terms(
+    priors: &PriorSet,
+    cols: &[usize],
+    at: &Point<'_>,
+    g: &mut [f64],
+    mut h: Option<&mut Vec<f64>>,
+) {
+    let k = cols.len();
+    for (a, &j) in cols.iter().enumerate() {
+        match priors.per_coef[j] {
+            Prior::None => {}
+            Prior::Normal { variance } => {
+                g[a] -= at.beta[j] / variance;
+                if let Some(h) = h.as_deref_mut() {
+                    h[a * k + a] += 1.0 / variance;
+                }
+            }
+            Prior::Laplace { lambda } => {
+                debug_assert!(at.beta[j] != 0.0, "Laplace column {j} at zero");
+                g[a] -= lambda * at.beta[j].signum();
+            }
+        }
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Evaluate β + t·Δ on `cols` (a Laplace coefficient that reaches or passes zero is set to

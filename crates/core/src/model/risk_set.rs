@@ -27,6 +27,20 @@
 //! through dense difference arrays. Coordinates that are not updated (most of them under a
 //! Laplace prior) cost O(nnz_j) only. `set_beta` recomputes everything from scratch.
 //!
+//! # Newton iterations
+//!
+//! Coordinate descent's active-set Newton polish ([`crate::model::ccd`]) needs, per step, the
+//! gradient over the active columns and a Newton matrix, never a refresh per coordinate:
+//!
+//! * [`RiskSetModel::gradients`]: g_j = Σ_events w x_j − Σ_i x_ij d_i with one weight d_i per
+//!   row from the prefix sums (one gather per nonzero);
+//! * `information_sweep` (the exact information from 33 columns on): one pass over the sorted
+//!   rows, the S2 part as a sparse Gram matrix and the S1 S1ᵀ part summed by parts (each row
+//!   adds one dense k-vector per nonzero), O(N + nnz·k) instead of O((N + G)·k²);
+//! * [`RiskSetModel::approximate_information`]: an upper bound Ĥ ≽ I that replaces, within
+//!   segments of consecutive event times, the risk set's mean covariate vector by its
+//!   weighted segment average (Cauchy–Schwarz), O(N + G + Σ_rows k_i² + segments·k²).
+//!
 //! # Determinism and threads
 //!
 //! Rows are ordered by (stratum id, time, row id), never by input position, and every sum runs
@@ -158,6 +172,8 @@ pub struct RiskSetModel {
     eu: Vec<f64>,
     ev: Vec<f64>,
     ez: Vec<f64>,
+    /// The latest row-major view of an information request (see `row_major`).
+    row_major_cache: Option<RowMajor>,
 }
 
 impl RiskSetModel {
@@ -536,6 +552,7 @@ impl RiskSetModel {
             } else {
                 Vec::new()
             },
+            row_major_cache: None,
         };
         m.unit_groups = m.g_weight.iter().all(|&w| w == 1.0);
         m.event_offset_sum = (0..m.offset.len())
@@ -1364,8 +1381,625 @@ impl RiskSetModel {
         run.pending = false;
     }
 
-    /// Observed information (−Hessian) over `cols`, row-major, from per-group sums.
+    /// Observed information (−Hessian) over `cols`, row-major. Up to
+    /// 32 columns from dense per-group sums (`information_dense`), above
+    /// that by the sparse sweep of `information_sweep` (O(N + nnz·k) instead of O((N + G)·k²)).
     pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
+        if cols.len() >= SWEEP_MIN_COLS {
+            self.information_sweep(cols)
+        } else {
+            self.information_dense(cols)
+        }
+    }
+
+    /// The Newton matrix of the active-set polish ([`crate::model::Likelihood`]): the
+    /// segment bound of `information_segments` from 33 columns on.
+    pub fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
+        (cols.len() >= SWEEP_MIN_COLS).then(|| self.information_segments(cols))
+    }
+
+    /// ∂LL/∂β_j for every j in `cols` (the first half of [`RiskSetModel::gradient_hessian`],
+    /// to rounding), in O(N + G + Σ nnz_j): with the per-row weight
+    /// d_i = w e_i [Σ_{pos ≤ g < exit} r_g + (1/G_i) Σ_{g < pos} r_g G_g − (Efron) u_{pos}]
+    /// (the S2 weight of `information_sweep`), g_j = Σ_events w x_j − Σ_i x_ij d_i: one gather
+    /// per entry instead of the walk's two, and no curvature. Columns are summed one by one in
+    /// entry order (in parallel across columns), so the result does not depend on the number
+    /// of threads.
+    pub fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let d = self.row_weights();
+        let one = |&j: &usize| -> f64 {
+            let Some(col) = self.cols.get(j) else {
+                return 0.0;
+            };
+            let mut acc = 0.0;
+            if col.vals.is_empty() {
+                for &r in &col.rows {
+                    acc += d[r as usize];
+                }
+            } else {
+                for (&r, &v) in col.rows.iter().zip(&col.vals) {
+                    acc += v * d[r as usize];
+                }
+            }
+            col.event_sum - acc
+        };
+        let entries: usize = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map_or(0, |c| c.rows.len()))
+            .sum();
+        if entries >= self.min_chunk.saturating_mul(4) {
+            use rayon::prelude::*;
+            cols.par_iter().map(one).collect()
+        } else {
+            cols.iter().map(one).collect()
+        }
+    }
+
+    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
+    fn row_weights(&self) -> Vec<f64> {
+        let mut d = vec![0.0; self.info.len()];
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            for (i, out) in d.iter_mut().enumerate().take(rb).skip(ra) {
+                let RowInfo { we, pos, .. } = self.info[i];
+                let p = pos as usize;
+                let exit = if self.counting {
+                    (self.exit[i] as usize).min(gb)
+                } else {
+                    gb
+                };
+                let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
+                if self.fg && self.inv_g[i] != 0.0 {
+                    w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+                }
+                if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
+                    w -= self.eu[p];
+                }
+                *out = we * w;
+            }
+        }
+        d
+    }
+
+    /// Drop the row-major view kept for the Newton iterations (the end of a fit).
+    pub fn release_scratch(&mut self) {
+        self.row_major_cache = None;
+    }
+
+    /// The largest active set worth a Newton step (see [`crate::model::Likelihood`]): the
+    /// sweep makes the information over k columns cost about k coordinate walks.
+    pub fn polish_max_block(&self) -> usize {
+        // A Newton step costs about k³/3 for the factorization, a cycle m·G for the refreshes
+        // of its m moving coordinates: Newton pays from k ≈ √G on (clamped to 64..2048).
+        let g = self.g_weight.len() as f64;
+        ((4.0 * g.sqrt()) as usize).clamp(POLISH_MIN_COLS, POLISH_MAX_COLS)
+    }
+
+    /// Observed information over `cols` by one sweep over the sorted rows, with no k × k work
+    /// per group (module docs of the likelihoods for the sums):
+    ///
+    /// I = Σ_g [r_g S2(g) − q_g S1(g) S1(g)ᵀ] (+ Efron's per-group terms).
+    ///
+    /// * The S2 part is a sparse Gram matrix Σ_i d_i x_i x_iᵀ: row i sits in the forward part
+    ///   of the groups pos(i) ≤ g < exit(i) and (competing rows) in the backward part of the
+    ///   groups before pos(i), so d_i = w e_i [Σ_{pos ≤ g < exit} r_g + (1/G_i) Σ_{g < pos} r_g G_g]
+    ///   — differences of the prefix sums the coordinate walk uses.
+    /// * The S1 S1ᵀ part, with S1(g) = F(g) + G_g B(g) (F: forward prefix sums, B: backward
+    ///   sums of the competing rows), is summed by parts: with C(h) = Σ_{g ≥ h} c_g (suffix
+    ///   sums within the stratum), Σ_g c_g Y_g Z_gᵀ = C(a) Y_{a−1} Z_{a−1}ᵀ + Σ_h C(h)
+    ///   (Y_h Z_hᵀ − Y_{h−1} Z_{h−1}ᵀ), and Y_h Z_hᵀ − Y_{h−1} Z_{h−1}ᵀ only involves the rows
+    ///   that enter (or leave) at h: each row adds one dense k-vector per non-zero to a matrix
+    ///   P with I = Gram − (P + Pᵀ).
+    /// * Efron's tied groups add −u_g E2(g), +v_g (S1 E1ᵀ + E1 S1ᵀ) and −z_g E1 E1ᵀ at the
+    ///   group (E1, E2: sums over the tied events).
+    ///
+    /// The rows of P are split into a fixed number of blocks (a function of k only) that run in
+    /// parallel, each block's sums in the same order: the result does not depend on the
+    /// number of threads.
+    pub(crate) fn information_sweep(&mut self, cols: &[usize]) -> Vec<f64> {
+        let n_blocks = (cols.len() / SWEEP_BLOCK_COLS).clamp(1, SWEEP_MAX_BLOCKS);
+        self.information_sweep_blocks(cols, n_blocks)
+    }
+
+    /// [`RiskSetModel::information_sweep`] with the rows of P split into `n_blocks` blocks
+    /// (every entry is computed by the same operations whatever the split).
+    pub(crate) fn information_sweep_blocks(&mut self, cols: &[usize], n_blocks: usize) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let rm = self.row_major(cols);
+        let rows = rm.view();
+        let n_blocks = n_blocks.clamp(1, k.max(1));
+        let bounds: Vec<usize> = (0..=n_blocks).map(|b| b * k / n_blocks).collect();
+        let run = |b: usize| self.sweep_block(&rows, k, bounds[b], bounds[b + 1]);
+        let blocks: Vec<Vec<f64>> = if n_blocks == 1 {
+            vec![run(0)]
+        } else {
+            use rayon::prelude::*;
+            (0..n_blocks).into_par_iter().map(run).collect()
+        };
+        // Block b holds rows bounds[b]..bounds[b + 1] of Gram − P (row-major, k wide).
+        let mut m = Vec::with_capacity(k * k);
+        for block in blocks {
+            m.extend_from_slice(&block);
+        }
+        let mut out = vec![0.0; k * k];
+        for a in 0..k {
+            for b in 0..k {
+                // Gram − P − Pᵀ, with Gram symmetric and held once in each half: m = Gram − P.
+                out[a * k + b] = 0.5 * (m[a * k + b] + m[b * k + a]);
+            }
+        }
+        self.row_major_cache = Some(rm);
+        out
+    }
+
+    /// Row-major view (row pointers, column index in `cols`, values — none when all are 1) of
+    /// the columns `cols` in sorted-row order (a counting sort by row). The latest view is
+    /// kept: the Newton iterations of a polish round ask for the same columns again.
+    fn row_major(&mut self, cols: &[usize]) -> RowMajor {
+        if let Some(rm) = self.row_major_cache.take() {
+            if rm.cols == cols {
+                return rm;
+            }
+        }
+        let n = self.info.len();
+        let mut ptr = vec![0u32; n + 1];
+        let mut ones = true;
+        for &j in cols {
+            if let Some(col) = self.cols.get(j) {
+                ones &= col.vals.is_empty();
+                for &r in &col.rows {
+                    ptr[r as usize + 1] += 1;
+                }
+            }
+        }
+        for i in 0..n {
+            ptr[i + 1] += ptr[i];
+        }
+        let total = ptr[n] as usize;
+        let mut col_of = vec![0u32; total];
+        let mut val = if ones {
+            Vec::new()
+        } else {
+            vec![0.0f64; total]
+        };
+        let mut fill = ptr.clone();
+        for (a, &j) in cols.iter().enumerate() {
+            if let Some(col) = self.cols.get(j) {
+                for (i, &r) in col.rows.iter().enumerate() {
+                    let at = fill[r as usize] as usize;
+                    col_of[at] = a as u32;
+                    if !ones {
+                        val[at] = col.value(i);
+                    }
+                    fill[r as usize] += 1;
+                }
+            }
+        }
+        RowMajor {
+            cols: cols.to_vec(),
+            ptr,
+            col: col_of,
+            val,
+        }
+    }
+
+    /// A cheap upper bound Ĥ ≽ I of the information over `cols` (positive semidefinite
+    /// order), the Newton matrix of coordinate descent's active-set polish: the S2 part, and
+    /// Efron's per-group terms, exactly as in [`RiskSetModel::information_sweep`]; the
+    /// Σ_g q_g S1(g) S1(g)ᵀ = Σ_g ω_g μ_g μ_gᵀ part (μ_g = S1(g)/S0(g), the risk set's mean
+    /// covariate vector; ω_g = q_g S0(g)²) over *segments* of consecutive groups, each replaced
+    /// by y yᵀ / Ω with Ω = Σ_seg ω_g and y = Σ_seg ω_g μ_g. By Cauchy–Schwarz
+    /// Σ_seg ω μ μᵀ − y yᵀ/Ω = Σ_seg ω (μ − y/Ω)(μ − y/Ω)ᵀ ≽ 0, so Ĥ − I is that sum over the
+    /// segments: small when the risk set's mean varies little within a segment. A segment closes when
+    /// the rows that entered the stratum's risk sets during it exceed 1/[`SEGMENT_GROWTH`] of
+    /// those before it (fine segments where the risk sets are small). Each segment's y is its
+    /// start value times the segment's total weight plus every change of S1 inside it times
+    /// the weight of the groups from the change on, so the cost is O(N + G + Σ_rows k_i² +
+    /// segments·k²) (k_i: the row's entries among the k = `cols.len()` columns), sequential
+    /// (no dependence on threads).
+    pub(crate) fn information_segments(&mut self, cols: &[usize]) -> Vec<f64> {
+        self.refresh();
+        let k = cols.len();
+        let rm = self.row_major(cols);
+        let rows = rm.view();
+        let fg = self.fg;
+        let n_groups = self.g_weight.len();
+        // Prefix sums over groups of c = q S0 (and c G, c S0 = ω): the weights of the
+        // segments' sums y = Σ ω μ = Σ c S1 and Ω = Σ ω.
+        let mut cum_c = vec![0.0; n_groups + 1];
+        let mut cum_cg = vec![0.0; if fg { n_groups + 1 } else { 0 }];
+        let mut cum_w = vec![0.0; n_groups + 1];
+        let (mut ac, mut acg, mut aw) = (0.0, 0.0, 0.0);
+        for h in 0..n_groups {
+            let q = self.prq[h + 1][1] - self.prq[h][1];
+            let s0 = self.s0(h);
+            let c = q * s0;
+            ac += c;
+            aw += c * s0;
+            cum_c[h + 1] = ac;
+            cum_w[h + 1] = aw;
+            if fg {
+                acg += c * self.g_cens[h];
+                cum_cg[h + 1] = acg;
+            }
+        }
+        // Upper triangle (a ≤ b) only; mirrored at the end. The S2 part first: a sparse Gram
+        // matrix with the gradients' row weights.
+        let weights = self.row_weights();
+        let mut m = gram_upper(&rows, k, &weights);
+        let mut f = vec![0.0; k];
+        let mut bk = vec![0.0; k];
+        let mut y = vec![0.0; k];
+        let mut e1 = vec![0.0; k];
+        let mut e1_touched: Vec<u32> = Vec::new();
+        // y += coef · x_i (sparse).
+        let scatter = |v: &mut [f64], i: usize, coef: f64| {
+            let (lo, hi) = rows.range(i);
+            for e in lo..hi {
+                v[rows.col[e] as usize] += coef * rows.value(e);
+            }
+        };
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            f.fill(0.0);
+            bk.fill(0.0);
+            if fg {
+                for i in ra..rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        scatter(&mut bk, i, self.info[i].we * inv);
+                    }
+                }
+            }
+            let mut rows_before = 0usize;
+            let mut i = ra;
+            let mut h0 = ga;
+            while h0 < gb {
+                // The segment h0..h1: groups while the rows entering stay within
+                // 1/SEGMENT_GROWTH of those before (at least one group).
+                let mut h1 = h0;
+                let mut scan = i;
+                let mut seg_rows = 0usize;
+                while h1 < gb && (h1 == h0 || seg_rows * SEGMENT_GROWTH <= rows_before) {
+                    while scan < rb && self.info[scan].pos as usize == h1 {
+                        scan += 1;
+                        seg_rows += 1;
+                    }
+                    h1 += 1;
+                }
+                // y = C_seg F + CG_seg B at the segment's start, plus each change times the
+                // weight of the segment's groups from its position on.
+                let c_seg = cum_c[h1] - cum_c[h0];
+                for (t, &v) in y.iter_mut().zip(&f) {
+                    *t = c_seg * v;
+                }
+                if fg {
+                    let cg_seg = cum_cg[h1] - cum_cg[h0];
+                    for (t, &v) in y.iter_mut().zip(&bk) {
+                        *t += cg_seg * v;
+                    }
+                }
+                for h in h0..h1 {
+                    let efron = self.any_efron && self.efron_group[h];
+                    let first = i;
+                    let c_rest = cum_c[h1] - cum_c[h];
+                    while i < rb && self.info[i].pos as usize == h {
+                        let we = self.info[i].we;
+                        let (lo, hi) = rows.range(i);
+                        if lo < hi {
+                            scatter(&mut f, i, we);
+                            scatter(&mut y, i, we * c_rest);
+                            if efron && self.event[i] {
+                                for e in lo..hi {
+                                    let a = rows.col[e];
+                                    if e1[a as usize] == 0.0 {
+                                        e1_touched.push(a);
+                                    }
+                                    e1[a as usize] += we * rows.value(e);
+                                }
+                            }
+                        }
+                        i += 1;
+                    }
+                    while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
+                        let row = self.all_exits[xp].1 as usize;
+                        xp += 1;
+                        let we = self.info[row].we;
+                        scatter(&mut f, row, -we);
+                        scatter(&mut y, row, -we * c_rest);
+                    }
+                    if fg {
+                        let cg_rest = cum_cg[h1] - cum_cg[h];
+                        for row in first..i {
+                            let inv = self.inv_g[row];
+                            if inv != 0.0 {
+                                let u = self.info[row].we * inv;
+                                scatter(&mut bk, row, -u);
+                                scatter(&mut y, row, -u * cg_rest);
+                            }
+                        }
+                    }
+                    if !e1_touched.is_empty() {
+                        // + v (S1 E1ᵀ + E1 S1ᵀ) − z E1 E1ᵀ, with S1 = F + G B at h.
+                        let gc = if fg { self.g_cens[h] } else { 0.0 };
+                        let (v, z) = (self.ev[h], self.ez[h]);
+                        for &a in &e1_touched {
+                            let a = a as usize;
+                            let c = v * e1[a];
+                            for b in 0..k {
+                                let s1 = f[b] + gc * bk[b];
+                                let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                                m[lo * k + hi] += if a == b { 2.0 * c * s1 } else { c * s1 };
+                            }
+                        }
+                        for &a in &e1_touched {
+                            for &b in &e1_touched {
+                                if a <= b {
+                                    m[a as usize * k + b as usize] -=
+                                        z * e1[a as usize] * e1[b as usize];
+                                }
+                            }
+                        }
+                        for &a in &e1_touched {
+                            e1[a as usize] = 0.0;
+                        }
+                        e1_touched.clear();
+                    }
+                }
+                let omega = cum_w[h1] - cum_w[h0];
+                if omega > 0.0 {
+                    for a in 0..k {
+                        if y[a] == 0.0 {
+                            continue;
+                        }
+                        let c = y[a] / omega;
+                        let row = &mut m[a * k + a..(a + 1) * k];
+                        for (r, &yb) in row.iter_mut().zip(&y[a..]) {
+                            *r -= c * yb;
+                        }
+                    }
+                }
+                rows_before += seg_rows;
+                h0 = h1;
+            }
+        }
+        for a in 0..k {
+            for b in 0..a {
+                m[a * k + b] = m[b * k + a];
+            }
+        }
+        self.row_major_cache = Some(rm);
+        m
+    }
+
+    /// Rows a0..a1 of Gram − 2P (so that (M + Mᵀ)/2 = Gram − P − Pᵀ), row-major k wide; see
+    /// [`RiskSetModel::information_sweep`].
+    fn sweep_block(&self, rows: &SweepRows<'_>, k: usize, a0: usize, a1: usize) -> Vec<f64> {
+        let width = a1 - a0;
+        let mut m = vec![0.0; width * k];
+        let mut f = vec![0.0; k];
+        let mut bk = vec![0.0; k];
+        let mut tmp = vec![0.0; k];
+        let mut e1 = vec![0.0; k];
+        let mut e1_touched: Vec<u32> = Vec::new();
+        let fg = self.fg;
+        let owned = |a: u32| (a as usize) >= a0 && (a as usize) < a1;
+        // P[a, :] += coef · v (dense), for the block's rows a; stored as m −= 2P.
+        let axpy = |m: &mut [f64], a: u32, coef: f64, v: &[f64]| {
+            let row = &mut m[(a as usize - a0) * k..(a as usize - a0 + 1) * k];
+            for (r, &x) in row.iter_mut().zip(v) {
+                *r -= 2.0 * coef * x;
+            }
+        };
+        // Sparse pairs within a row: m[a, b] += coef · x_a · x_b.
+        let pairs = |m: &mut [f64], i: usize, coef: f64| {
+            let (lo, hi) = rows.range(i);
+            for e in lo..hi {
+                let a = rows.col[e];
+                if !owned(a) {
+                    continue;
+                }
+                let xa = rows.value(e) * coef;
+                let base = (a as usize - a0) * k;
+                for e2 in lo..hi {
+                    m[base + rows.col[e2] as usize] += xa * rows.value(e2);
+                }
+            }
+        };
+        let mut xp = 0usize;
+        for &s in &self.active_strata {
+            let s = s as usize;
+            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
+            f.fill(0.0);
+            bk.fill(0.0);
+            let (q_end, qg_end, qgg_end) = if fg {
+                (self.prq[gb][1], self.pg[gb][1], self.pg[gb][2])
+            } else {
+                (self.prq[gb][1], 0.0, 0.0)
+            };
+            if fg {
+                // B before the first group: every competing row still to be removed.
+                for i in ra..rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let c = self.info[i].we * inv;
+                        let (lo, hi) = rows.range(i);
+                        for e in lo..hi {
+                            bk[rows.col[e] as usize] += c * rows.value(e);
+                        }
+                    }
+                }
+                // ½ C3(a) Btot Btotᵀ.
+                let c3 = qgg_end - self.pg[ga][2];
+                if c3 != 0.0 {
+                    for a in a0..a1 {
+                        if bk[a] != 0.0 {
+                            axpy(&mut m, a as u32, 0.5 * c3 * bk[a], &bk);
+                        }
+                    }
+                }
+            }
+            let mut i = ra;
+            for h in ga..gb {
+                let c1 = q_end - self.prq[h][1];
+                let (c2, c3) = if fg {
+                    (qg_end - self.pg[h][1], qgg_end - self.pg[h][2])
+                } else {
+                    (0.0, 0.0)
+                };
+                let efron = self.any_efron && self.efron_group[h];
+                let first = i;
+                // Phase 1: rows entering the forward sums at h.
+                while i < rb && self.info[i].pos as usize == h {
+                    let we = self.info[i].we;
+                    let (lo, hi) = rows.range(i);
+                    if lo < hi {
+                        // Gram weight d_i.
+                        let exit = if self.counting {
+                            (self.exit[i] as usize).min(gb)
+                        } else {
+                            gb
+                        };
+                        let mut d = self.prq[exit][0] - self.prq[h][0];
+                        if fg && self.inv_g[i] != 0.0 {
+                            d += self.inv_g[i] * (self.pg[h][0] - self.pg[ga][0]);
+                        }
+                        if efron && self.event[i] {
+                            d -= self.eu[h];
+                        }
+                        pairs(&mut m, i, we * d);
+                        // P += v (C1 (F + ½ v) + C2 B)ᵀ, then F += v.
+                        if fg {
+                            for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                                *t = c1 * fv + c2 * bv;
+                            }
+                        }
+                        let dense: &[f64] = if fg { &tmp } else { &f };
+                        let scale = if fg { 1.0 } else { c1 };
+                        for e in lo..hi {
+                            let a = rows.col[e];
+                            if owned(a) {
+                                axpy(&mut m, a, scale * we * rows.value(e), dense);
+                            }
+                        }
+                        pairs(&mut m, i, -c1 * we * we);
+                        for e in lo..hi {
+                            f[rows.col[e] as usize] += we * rows.value(e);
+                        }
+                        if efron && self.event[i] {
+                            for e in lo..hi {
+                                let a = rows.col[e];
+                                if e1[a as usize] == 0.0 {
+                                    e1_touched.push(a);
+                                }
+                                e1[a as usize] += we * rows.value(e);
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                // Counting-process rows leaving at h: F −= v.
+                while xp < self.all_exits.len() && (self.all_exits[xp].0 as usize) <= h {
+                    let row = self.all_exits[xp].1 as usize;
+                    xp += 1;
+                    let we = -self.info[row].we;
+                    let (lo, hi) = rows.range(row);
+                    for e in lo..hi {
+                        let a = rows.col[e];
+                        if owned(a) {
+                            axpy(&mut m, a, c1 * we * rows.value(e), &f);
+                        }
+                    }
+                    pairs(&mut m, row, -c1 * we * we);
+                    for e in lo..hi {
+                        f[rows.col[e] as usize] += we * rows.value(e);
+                    }
+                }
+                // Phase 2 (Fine–Gray): competing rows leave the backward sums at h.
+                if fg {
+                    let mut ready = false;
+                    for row in first..i {
+                        let inv = self.inv_g[row];
+                        let (lo, hi) = rows.range(row);
+                        if inv == 0.0 || lo == hi {
+                            continue;
+                        }
+                        if !ready {
+                            for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                                *t = c2 * fv + c3 * bv;
+                            }
+                            ready = true;
+                        }
+                        let u = -self.info[row].we * inv;
+                        for e in lo..hi {
+                            let a = rows.col[e];
+                            if owned(a) {
+                                axpy(&mut m, a, u * rows.value(e), &tmp);
+                            }
+                        }
+                        pairs(&mut m, row, -c3 * u * u);
+                        for e in lo..hi {
+                            let a = rows.col[e] as usize;
+                            let du = u * rows.value(e);
+                            bk[a] += du;
+                            // Later rows of this group see the updated B.
+                            tmp[a] += c3 * du;
+                        }
+                    }
+                }
+                // Efron's tied events at h.
+                if !e1_touched.is_empty() {
+                    let gc = if fg { self.g_cens[h] } else { 0.0 };
+                    for ((t, &fv), &bv) in tmp.iter_mut().zip(&f).zip(&bk) {
+                        *t = fv + gc * bv;
+                    }
+                    let (v, z) = (self.ev[h], self.ez[h]);
+                    for &a in &e1_touched {
+                        if owned(a) {
+                            // P −= v E1 S1ᵀ.
+                            axpy(&mut m, a, -v * e1[a as usize], &tmp);
+                        }
+                    }
+                    // P += ½ z E1 E1ᵀ: m −= z E1 E1ᵀ.
+                    for &a in &e1_touched {
+                        if owned(a) {
+                            let base = (a as usize - a0) * k;
+                            for &b in &e1_touched {
+                                m[base + b as usize] -= z * e1[a as usize] * e1[b as usize];
+                            }
+                        }
+                    }
+                    for &a in &e1_touched {
+                        e1[a as usize] = 0.0;
+                    }
+                    e1_touched.clear();
+                }
+            }
+            // Competing rows below every event time of the stratum: backward part only.
+            if fg {
+                while i < rb {
+                    let inv = self.inv_g[i];
+                    if inv != 0.0 {
+                        let d = inv * (self.pg[gb][0] - self.pg[ga][0]);
+                        pairs(&mut m, i, self.info[i].we * d);
+                    }
+                    i += 1;
+                }
+            }
+        }
+        m
+    }
+
+    /// [`RiskSetModel::information`] from dense per-group sums: O((N + G)·k²).
+    pub(crate) fn information_dense(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
         let n = self.eta.len();
@@ -1475,6 +2109,138 @@ impl RiskSetModel {
         out
     }
 }
+
+/// Row-major entries of the columns of an information request.
+struct SweepRows<'a> {
+    ptr: &'a [u32],
+    col: &'a [u32],
+    val: &'a [f64],
+}
+
+impl SweepRows<'_> {
+    #[inline]
+    fn range(&self, i: usize) -> (usize, usize) {
+        (self.ptr[i] as usize, self.ptr[i + 1] as usize)
+    }
+
+    #[inline]
+    fn value(&self, e: usize) -> f64 {
+        if self.val.is_empty() {
+            1.0
+        } else {
+            self.val[e]
+        }
+    }
+}
+
+/// Upper triangle (a ≤ b, row-major k × k, the rest 0) of Σ_i w_i x_i x_iᵀ over the rows of
+/// `rows`. The rows a of the result are split into blocks of about equal triangle area, one
+/// per thread, each scanning every row; every entry is summed by the same operations in the
+/// same order (rows in order) whatever the split, so the result does not depend on the
+/// number of threads even though the split does.
+fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
+    let n_blocks = if rows.col.len() >= GRAM_PAR_MIN_ENTRIES {
+        rayon::current_num_threads()
+            .clamp(1, GRAM_MAX_BLOCKS)
+            .min(k.max(1))
+    } else {
+        1
+    };
+    // Block b covers rows bounds[b]..bounds[b + 1]: equal shares of k(k + 1)/2.
+    let total = (k * (k + 1) / 2) as f64;
+    let mut bounds = vec![0usize];
+    let mut acc = 0.0;
+    for a in 0..k {
+        acc += (k - a) as f64;
+        if acc >= total * bounds.len() as f64 / n_blocks as f64 && bounds.len() < n_blocks {
+            bounds.push(a + 1);
+        }
+    }
+    bounds.push(k);
+    bounds.dedup();
+    let n = w.len();
+    let block = |b: usize| -> Vec<f64> {
+        let (a0, a1) = (bounds[b], bounds[b + 1]);
+        let mut m = vec![0.0; (a1 - a0) * k];
+        for (i, &c) in w.iter().enumerate().take(n) {
+            let (lo, hi) = rows.range(i);
+            if lo == hi || c == 0.0 {
+                continue;
+            }
+            for e in lo..hi {
+                let a = rows.col[e] as usize;
+                if a < a0 {
+                    continue;
+                }
+                if a >= a1 {
+                    break;
+                }
+                let xa = rows.value(e) * c;
+                let base = (a - a0) * k;
+                if rows.val.is_empty() {
+                    for &b in &rows.col[e..hi] {
+                        m[base + b as usize] += xa;
+                    }
+                } else {
+                    for e2 in e..hi {
+                        m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                    }
+                }
+            }
+        }
+        m
+    };
+    let n_parts = bounds.len() - 1;
+    let parts: Vec<Vec<f64>> = if n_parts == 1 {
+        vec![block(0)]
+    } else {
+        use rayon::prelude::*;
+        (0..n_parts).into_par_iter().map(block).collect()
+    };
+    let mut m = Vec::with_capacity(k * k);
+    for part in parts {
+        m.extend_from_slice(&part);
+    }
+    m
+}
+
+/// Most blocks of rows of [`gram_upper`].
+const GRAM_MAX_BLOCKS: usize = 8;
+/// Entries from which [`gram_upper`] runs blocks in parallel.
+const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
+
+/// An owned [`SweepRows`] with the columns it was built for.
+#[derive(Debug, Clone, Default)]
+struct RowMajor {
+    cols: Vec<usize>,
+    ptr: Vec<u32>,
+    col: Vec<u32>,
+    val: Vec<f64>,
+}
+
+impl RowMajor {
+    fn view(&self) -> SweepRows<'_> {
+        SweepRows {
+            ptr: &self.ptr,
+            col: &self.col,
+            val: &self.val,
+        }
+    }
+}
+
+/// From this many columns `information` uses the sweep.
+const SWEEP_MIN_COLS: usize = 33;
+/// Columns of P per parallel block of the sweep (the split depends on k only).
+const SWEEP_BLOCK_COLS: usize = 48;
+/// Most parallel blocks of the sweep.
+const SWEEP_MAX_BLOCKS: usize = 8;
+/// Segments of [`RiskSetModel::approximate_information`] close when the rows entered during
+/// the segment exceed 1/`SEGMENT_GROWTH` of those entered before it.
+const SEGMENT_GROWTH: usize = 16;
+/// Largest active set that coordinate descent polishes by Newton–Raphson on this likelihood.
+const POLISH_MAX_COLS: usize = 2048;
+/// Smallest limit of [`RiskSetModel::polish_max_block`] (above the classic 32).
+const POLISH_MIN_COLS: usize = 64;
 
 /// One chunk of [`RiskSetModel::refresh_pending`].
 struct ChunkJob<'a> {
@@ -1914,6 +2680,30 @@ pub mod test_support {
         (ll, grad, info)
     }
 
+    /// `upper − lower` (k × k, row-major) is symmetric positive semidefinite (Cholesky of
+    /// the difference plus a rounding-level ridge) and `upper` is not far above `lower`.
+    pub fn assert_psd_difference(upper: &[f64], lower: &[f64], k: usize) {
+        let scale = lower.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let mut d: Vec<f64> = upper.iter().zip(lower).map(|(u, l)| u - l).collect();
+        for a in 0..k {
+            for b in 0..k {
+                assert!(
+                    (d[a * k + b] - d[b * k + a]).abs() <= 1e-10 * scale,
+                    "not symmetric"
+                );
+            }
+            d[a * k + a] += 1e-10 * scale;
+        }
+        assert!(
+            crate::model::newton::cholesky(&d, k).is_some(),
+            "difference not PSD: {d:?}"
+        );
+        for a in 0..k {
+            let (u, l) = (upper[a * k + a], lower[a * k + a]);
+            assert!(u <= 1.5 * l + 1e-10 * scale, "bound far above: {u} vs {l}");
+        }
+    }
+
     pub fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
     }
@@ -1945,6 +2735,14 @@ pub mod test_support {
         let got = lik.information(&cols);
         for (a, (&u, &v)) in got.iter().zip(&info).enumerate() {
             assert!(close(u, v, 1e-9), "{what}: info[{a}] {u} vs {v}");
+        }
+        let reversed: Vec<usize> = (0..p).rev().collect();
+        for (&j, g) in reversed.iter().zip(lik.gradients(&reversed)) {
+            assert!(
+                close(g, grad[j], 1e-9),
+                "{what}: gradients[{j}] {g} vs {}",
+                grad[j]
+            );
         }
     }
 

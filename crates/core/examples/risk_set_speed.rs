@@ -1,0 +1,84 @@
+//! Cox and Fine–Gray fit time on the DESIGN.md §10 recipe (paper 001 §3.2 data from the
+//! project's generators, P = 1000, 5 % density, Laplace λ = 100, default optimality rule),
+//! the active-set Newton polish against the classic polish side by side (alternating, so
+//! that load on the machine hits both alike): CPU seconds of the fit alone (the likelihood
+//! is built beforehand), wall seconds, iterations, objective and the largest scaled KKT
+//! violation, and a fingerprint of the coefficients' bits.
+//!
+//! `cargo run -p epifusion-core --release --example risk_set_speed -- [cox|fine_gray] [N] [threads] [reps]`
+
+use std::time::Instant;
+
+use epifusion_core::bench::{cox_data, cpu_seconds, fine_gray_data};
+use epifusion_core::model::ccd::{fit, scaled_violation, CcdOptions};
+use epifusion_core::model::prior::{Prior, PriorSet};
+use epifusion_core::model::{cpu_likelihood, LikelihoodOptions, ModelKind};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let model = match args.get(1).map_or("cox", String::as_str) {
+        "fine_gray" | "fg" => ModelKind::FineGray,
+        _ => ModelKind::Cox,
+    };
+    let n: usize = args.get(2).map_or(100_000, |s| s.parse().expect("N"));
+    let threads: usize = args.get(3).map_or(1, |s| s.parse().expect("threads"));
+    let reps: usize = args.get(4).map_or(2, |s| s.parse().expect("reps"));
+    let lambda = 100.0;
+    let data = match model {
+        ModelKind::Cox => cox_data(n, 1000, 0.05, 123),
+        _ => fine_gray_data(n, 1000, 0.05, 123),
+    }
+    .expect("data");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let lik0 = pool.install(|| {
+        cpu_likelihood(model, &data.design, LikelihoodOptions::default()).expect("likelihood")
+    });
+    drop(data);
+    let p = lik0.n_coef();
+    let priors = PriorSet::new(Prior::Laplace { lambda }, &vec![false; p]);
+    for rep in 0..reps {
+        for active_newton in [false, true] {
+            if std::env::var("SPEED_ONLY").is_ok_and(|v| v != active_newton.to_string()) {
+                continue;
+            }
+            let mut lik = lik0.boxed_clone();
+            let opts = CcdOptions {
+                active_newton,
+                ..CcdOptions::fit_default()
+            };
+            let (cpu0, t0) = (cpu_seconds().unwrap_or(0.0), Instant::now());
+            let r = pool
+                .install(|| fit(lik.as_mut(), &priors, &vec![0.0; p], None, &opts))
+                .expect("fit");
+            let (cpu, wall) = (
+                cpu_seconds().unwrap_or(0.0) - cpu0,
+                t0.elapsed().as_secs_f64(),
+            );
+            lik.set_beta(&r.beta);
+            let worst = (0..p)
+                .map(|j| {
+                    let (g, h) = lik.gradient_hessian(j);
+                    scaled_violation(priors.per_coef[j], r.beta[j], g, h)
+                })
+                .fold(0.0f64, f64::max);
+            let l1: f64 = r.beta.iter().map(|b| b.abs()).sum();
+            let nz = r.beta.iter().filter(|b| **b != 0.0).count();
+            // A fingerprint of the coefficients' bits (thread-count independence).
+            let bits = r
+                .beta
+                .iter()
+                .fold(0u64, |h, b| h.rotate_left(5) ^ b.to_bits());
+            println!(
+                "{} N={n} threads={threads} rep={rep} {:<14} cpu {cpu:.3} s wall {wall:.3} s  {} it {}  objective {:.6}  nonzero {nz}  max scaled KKT {worst:.1e}  β bits {bits:016x}",
+                model.name(),
+                if active_newton { "active-newton" } else { "classic" },
+                r.iterations,
+                r.status.name(),
+                r.log_likelihood - lambda * l1,
+            );
+        }
+    }
+}
