@@ -14,9 +14,10 @@ pub enum Error {
         message: String,
     },
     /// A value in a given row is outside the model's domain (NaN, time ≤ 0, y ∉ {0,1}, …).
-    #[error("row {row} (row_id {row_id}), column `{column}`: {message}")]
+    #[error("outcome row {} (row_id {row_id}), column `{column}`: {message}", .row + 1)]
     BadValue {
-        /// Zero-based input row number.
+        /// Zero-based index of the outcome row, in input order (messages show it 1-based, as
+        /// the file readers number rows).
         row: usize,
         /// The row's `row_id`.
         row_id: i64,
