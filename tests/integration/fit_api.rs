@@ -311,19 +311,19 @@ fn options_are_validated_before_work() {
         .unwrap_err()
         .to_string()
         .contains("tolerance"));
-    // y outside the model's domain names the row.
+    // y outside the model's domain names the row (counted from 1, as the file readers do).
     let mut bad = o.clone();
     bad[3].y = 2.0;
     let e = fit(&build(&bad, &c), &FitOptions::new(ModelKind::Cox))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("row 3") && e.contains("`y`"), "{e}");
+    assert!(e.contains("outcome row 4") && e.contains("`y`"), "{e}");
     let mut bad = o;
     bad[4].time = Some(0.0);
     let e = fit(&build(&bad, &c), &FitOptions::new(ModelKind::Cox))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("row 4") && e.contains("`time`"), "{e}");
+    assert!(e.contains("outcome row 5") && e.contains("`time`"), "{e}");
 }
 
 #[test]

@@ -1051,7 +1051,7 @@ mod tests {
         b.push_outcome(rec(2, f64::NAN, 1.0));
         let e = b.build().unwrap_err().to_string();
         assert!(
-            e.contains("row 1") && e.contains("row_id 2") && e.contains("`time`"),
+            e.contains("outcome row 2 (row_id 2)") && e.contains("`time`"),
             "{e}"
         );
         assert!(matches!(DesignBuilder::new().build(), Err(Error::Empty(_))));
