@@ -490,7 +490,12 @@ fn run_api(n: u64) {
 }
 
 /// SQL: the same cases as CSV files through the table functions and the aggregates.
-fn sql_case(rt: &tokio::runtime::Runtime, dir: &std::path::Path, seed: u64) -> Result<(), String> {
+/// Returns (queries answered, queries refused with a clear error).
+fn sql_case(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    seed: u64,
+) -> Result<(u32, u32), String> {
     use datafusion::arrow::array::{Array, AsArray};
     let case = generate(seed);
     let name = case.model.name();
@@ -554,6 +559,7 @@ fn sql_case(rt: &tokio::runtime::Runtime, dir: &std::path::Path, seed: u64) -> R
         ),
     ];
     rt.block_on(async {
+        let (mut answered, mut refused) = (0u32, 0u32);
         let ctx = epifusion::engine::session::new_session(&Default::default())
             .await
             .map_err(|e| e.to_string())?;
@@ -577,8 +583,10 @@ fn sql_case(rt: &tokio::runtime::Runtime, dir: &std::path::Path, seed: u64) -> R
                     if internal(&m) {
                         return Err(format!("{q}: {m}"));
                     }
+                    refused += 1;
                 }
                 Ok(batches) => {
+                    answered += 1;
                     for b in batches {
                         let est = datafusion::arrow::compute::cast(
                             b.column(1),
@@ -606,7 +614,7 @@ fn sql_case(rt: &tokio::runtime::Runtime, dir: &std::path::Path, seed: u64) -> R
                 }
             }
         }
-        Ok(())
+        Ok((answered, refused))
     })
     .map_err(|e: String| format!("seed {seed} ({:?}, options {}): {e}", case.model, case.options))
 }
@@ -621,17 +629,27 @@ fn run_sql(n: u64) {
         .build()
         .unwrap();
     let mut failures = Vec::new();
+    let (mut answered, mut refused) = (0u32, 0u32);
     for seed in 0..n {
         let d = dir.clone();
         let rt_ref = AssertUnwindSafe(&rt);
         let out = std::panic::catch_unwind(move || sql_case(&rt_ref, &d, seed));
         match out {
-            Ok(Ok(())) => {}
+            Ok(Ok((a, r))) => {
+                answered += a;
+                refused += r;
+            }
             Ok(Err(e)) => failures.push(e),
             Err(_) => failures.push(format!("seed {seed}: panicked")),
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("fuzz (SQL): {n} cases: {answered} queries answered, {refused} refused");
+    // Both paths must be exercised, or the property says nothing.
+    assert!(
+        answered > 0 && refused > 0,
+        "answered {answered}, refused {refused}"
+    );
     assert!(
         failures.is_empty(),
         "{} of {n} SQL cases failed:\n{}",
