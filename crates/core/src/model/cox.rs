@@ -128,32 +128,11 @@ mod tests {
                 cox.set_beta(&[0.3, -0.2, 0.5, 0.1, -0.4, 0.2]);
                 cox.update(2, 0.25);
                 let cols = [4, 0, 2, 5, 3, 1];
-                let dense = cox.model.information_dense(&cols);
-                let bound = cox.model.information_segments(&cols);
-                crate::model::risk_set::test_support::assert_psd_difference(
-                    &bound,
-                    &dense,
-                    cols.len(),
+                crate::model::risk_set::test_support::assert_information_paths_agree(
+                    &mut cox.model,
+                    &cols,
+                    &format!("{ties:?} strata={strata} weights={weights} counting={counting}"),
                 );
-                for threads in 1..=3 {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let sweep = pool.install(|| cox.model.information_sweep_blocks(&cols, 3));
-                    let one_block = cox.model.information_sweep_blocks(&cols, 1);
-                    assert!(sweep
-                        .iter()
-                        .zip(&one_block)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()));
-                    let scale = dense.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-                    for (a, (d, s)) in dense.iter().zip(&sweep).enumerate() {
-                        assert!(
-                            (d - s).abs() <= 1e-10 * scale,
-                            "{ties:?} strata={strata} weights={weights} counting={counting} entry {a}: dense {d} sweep {s}"
-                        );
-                    }
-                }
             }
         }
     }

@@ -129,32 +129,11 @@ mod tests {
                 fg.set_beta(&[0.3, -0.2, 0.5, 0.1, -0.4, 0.2]);
                 fg.update(1, -0.3);
                 let cols = [5, 1, 3, 0, 2, 4];
-                let dense = fg.model.information_dense(&cols);
-                let bound = fg.model.information_segments(&cols);
-                crate::model::risk_set::test_support::assert_psd_difference(
-                    &bound,
-                    &dense,
-                    cols.len(),
+                crate::model::risk_set::test_support::assert_information_paths_agree(
+                    &mut fg.model,
+                    &cols,
+                    &format!("FG {ties:?} strata={strata} weights={weights}"),
                 );
-                for threads in 1..=3 {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let sweep = pool.install(|| fg.model.information_sweep_blocks(&cols, 3));
-                    let one_block = fg.model.information_sweep_blocks(&cols, 1);
-                    assert!(sweep
-                        .iter()
-                        .zip(&one_block)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()));
-                    let scale = dense.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-                    for (a, (d, s)) in dense.iter().zip(&sweep).enumerate() {
-                        assert!(
-                            (d - s).abs() <= 1e-10 * scale,
-                            "FG {ties:?} strata={strata} weights={weights} entry {a}: dense {d} sweep {s}"
-                        );
-                    }
-                }
             }
         }
     }

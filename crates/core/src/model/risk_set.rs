@@ -2489,6 +2489,8 @@ impl Run {
 pub mod test_support {
     use super::super::design::{DesignBuilder, DesignMatrix, OutcomeRecord};
     use super::super::{Likelihood, Ties};
+    #[cfg(test)]
+    use super::RiskSetModel;
 
     /// xorshift64* (seeded, no dependencies).
     pub struct Rng(pub u64);
@@ -2678,6 +2680,39 @@ pub mod test_support {
             }
         }
         (ll, grad, info)
+    }
+
+    /// The sparse sweep's information on `cols` equals the dense per-group sums (to 1e-10 of
+    /// the largest entry), is bit-identical for any block split and thread count, and the
+    /// segment approximation lies above it (positive semidefinite difference).
+    #[cfg(test)]
+    pub(crate) fn assert_information_paths_agree(
+        model: &mut RiskSetModel,
+        cols: &[usize],
+        what: &str,
+    ) {
+        let dense = model.information_dense(cols);
+        let bound = model.information_segments(cols);
+        assert_psd_difference(&bound, &dense, cols.len());
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let sweep = pool.install(|| model.information_sweep_blocks(cols, 3));
+            let one_block = model.information_sweep_blocks(cols, 1);
+            assert!(sweep
+                .iter()
+                .zip(&one_block)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            let scale = dense.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (a, (d, s)) in dense.iter().zip(&sweep).enumerate() {
+                assert!(
+                    (d - s).abs() <= 1e-10 * scale,
+                    "{what} entry {a}: dense {d} sweep {s}"
+                );
+            }
+        }
     }
 
     /// `upper − lower` (k × k, row-major) is symmetric positive semidefinite (Cholesky of
