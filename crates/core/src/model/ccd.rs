@@ -122,6 +122,7 @@ use std::time::Instant;
 
 use super::newton::{self, Newton, NewtonStep, Point};
 use super::prior::{Prior, PriorSet};
+use super::stepper::{trust_region_step, CoordinateStepper, LikelihoodStepper};
 use super::Likelihood;
 use crate::error::{Error, Result};
 
@@ -324,8 +325,52 @@ pub fn fit(
     fixed: Option<&[bool]>,
     opts: &CcdOptions,
 ) -> Result<CcdResult> {
+    let mut stepper = LikelihoodStepper::new(lik, priors);
+    if opts.convergence == Convergence::Optimality {
+        check(&stepper, priors, beta0, opts)?;
+        return with_retries(&mut stepper, beta0, opts, |s, bound0, updates| {
+            Ok(optimality_attempt(
+                &mut *s.lik,
+                priors,
+                beta0,
+                fixed,
+                opts,
+                bound0,
+                updates,
+            ))
+        });
+    }
+    drive(&mut stepper, priors, beta0, fixed, opts)
+}
+
+/// The coordinate-descent driver of every backend: maximize LL − penalty from `beta0` by
+/// cycles of `stepper` under the classic rules (module docs; [`Convergence::Optimality`],
+/// which needs a Newton block, is read as `gradient`), with the active set, retries on NaN/∞,
+/// cancellation and the final status. Coefficients with `fixed[j]` stay at `beta0[j]`.
+/// `stepper` must have been made with `priors`; it is left at the returned β (at `beta0`
+/// after an ill-conditioned fit).
+pub fn drive(
+    stepper: &mut dyn CoordinateStepper,
+    priors: &PriorSet,
+    beta0: &[f64],
+    fixed: Option<&[bool]>,
+    opts: &CcdOptions,
+) -> Result<CcdResult> {
+    check(stepper, priors, beta0, opts)?;
+    with_retries(stepper, beta0, opts, |s, bound0, updates| {
+        attempt(s, priors, beta0, fixed, opts, bound0, updates)
+    })
+}
+
+/// The options and the sizes of `beta0` and `priors`.
+fn check(
+    stepper: &dyn CoordinateStepper,
+    priors: &PriorSet,
+    beta0: &[f64],
+    opts: &CcdOptions,
+) -> Result<()> {
     opts.check()?;
-    let p = lik.n_coef();
+    let p = stepper.n_coef();
     if beta0.len() != p || priors.per_coef.len() != p {
         return Err(Error::FitFailed(format!(
             "internal: {p} coefficients but beta0 has {} and priors {}",
@@ -333,17 +378,25 @@ pub fn fit(
             priors.per_coef.len()
         )));
     }
+    Ok(())
+}
+
+/// Attempts until one is not ill-conditioned, the initial bound × 0.1 each time (at most
+/// `max_retries` retries); a cancelled fit stops after its attempt. Leaves `stepper` at the
+/// result (at `beta0` when every attempt was ill-conditioned: never NaN with a success
+/// status) and fills in the updates (all attempts) and the wall time.
+fn with_retries<S: CoordinateStepper + ?Sized>(
+    stepper: &mut S,
+    beta0: &[f64],
+    opts: &CcdOptions,
+    mut attempt: impl FnMut(&mut S, f64, &mut u64) -> Result<CcdResult>,
+) -> Result<CcdResult> {
     let started = Instant::now();
     let mut updates = 0u64;
     let mut bound0 = opts.initial_bound;
     let mut last = None;
     for _attempt in 0..=opts.max_retries {
-        let r = match opts.convergence {
-            Convergence::Optimality => {
-                optimality_attempt(lik, priors, beta0, fixed, opts, bound0, &mut updates)
-            }
-            _ => attempt(lik, priors, beta0, fixed, opts, bound0, &mut updates),
-        };
+        let r = attempt(stepper, bound0, &mut updates)?;
         opts.cancel.check()?;
         let ill = r.status == FitStatus::IllConditioned;
         last = Some(r);
@@ -352,31 +405,28 @@ pub fn fit(
         }
         bound0 *= 0.1;
     }
-    lik.release_scratch();
-    let mut r = last.expect("at least one attempt runs");
-    if r.status == FitStatus::IllConditioned {
-        // Never report NaN with a success status; leave the likelihood at β0.
-        lik.set_beta(beta0);
-    }
+    let mut r = last.ok_or_else(|| Error::FitFailed("internal: no attempt ran".into()))?;
+    let ill = r.status == FitStatus::IllConditioned;
+    stepper.finish(ill.then_some(beta0))?;
     r.coordinate_updates = updates;
     r.seconds = started.elapsed().as_secs_f64();
     Ok(r)
 }
 
+/// One attempt under the classic rules (module docs), from `beta0` with initial bound
+/// `bound0`.
 fn attempt(
-    lik: &mut dyn Likelihood,
+    stepper: &mut dyn CoordinateStepper,
     priors: &PriorSet,
     beta0: &[f64],
     fixed: Option<&[bool]>,
     opts: &CcdOptions,
     bound0: f64,
     updates: &mut u64,
-) -> CcdResult {
+) -> Result<CcdResult> {
     let p = beta0.len();
     let mut beta = beta0.to_vec();
-    let mut bound = vec![bound0; p];
-    lik.set_beta(&beta);
-    let mut ll = lik.log_likelihood();
+    let mut ll = stepper.start(&beta, bound0)?;
     let mut obj = ll + priors.log_prior(&beta);
     let mut trace = Vec::new();
     let ill = |beta: Vec<f64>, ll: f64, lp: f64, it: usize, trace: Vec<f64>| CcdResult {
@@ -390,7 +440,7 @@ fn attempt(
         seconds: 0.0,
     };
     if !obj.is_finite() {
-        return ill(beta, ll, f64::NAN, 0, trace);
+        return Ok(ill(beta, ll, f64::NAN, 0, trace));
     }
     let all: Vec<usize> = (0..p).filter(|&j| fixed.is_none_or(|f| !f[j])).collect();
     let has_laplace = all
@@ -411,18 +461,14 @@ fn attempt(
         }
         iterations += 1;
         let coords: &[usize] = if full { &all } else { &subset };
-        let measure = |prior, b, g, _h| kkt_violation(prior, b, g);
-        let Some(max_violation) =
-            cycle(lik, priors, &mut beta, &mut bound, coords, updates, measure)
-        else {
-            return ill(beta, f64::NAN, f64::NAN, iterations, trace);
+        let Some(max_violation) = stepper.cycle(coords, &mut beta, updates)? else {
+            return Ok(ill(beta, f64::NAN, f64::NAN, iterations, trace));
         };
         // From-scratch recomputation once per cycle removes incremental drift.
-        lik.set_beta(&beta);
-        ll = lik.log_likelihood();
+        ll = stepper.refresh()?;
         let new_obj = ll + priors.log_prior(&beta);
         if !new_obj.is_finite() {
-            return ill(beta, ll, f64::NAN, iterations, trace);
+            return Ok(ill(beta, ll, f64::NAN, iterations, trace));
         }
         trace.push(new_obj);
         let criterion = opts.convergence.criterion(obj, new_obj, max_violation);
@@ -430,28 +476,29 @@ fn attempt(
         let small = criterion < opts.tolerance;
         // The gradient rule's violations were seen before each step of the cycle; the ones at
         // the returned β (later steps move earlier gradients) must meet it too.
-        let mut confirmed = || -> Option<bool> {
-            if opts.convergence != Convergence::Gradient {
-                return Some(true);
-            }
-            let mut worst = 0.0f64;
-            for &j in &all {
-                let (g, _) = lik.gradient_hessian(j);
-                if !g.is_finite() {
-                    return None;
-                }
-                worst = worst.max(kkt_violation(priors.per_coef[j], beta[j], g));
-            }
-            Some(worst < opts.tolerance)
-        };
         if full && small {
-            match confirmed() {
+            let confirmed = if opts.convergence == Convergence::Objective {
+                Some(true)
+            } else {
+                let g = stepper.gradients(&all)?;
+                let mut worst = 0.0f64;
+                let mut finite = true;
+                for (&j, &gj) in all.iter().zip(&g) {
+                    if !gj.is_finite() {
+                        finite = false;
+                        break;
+                    }
+                    worst = worst.max(kkt_violation(priors.per_coef[j], beta[j], gj));
+                }
+                finite.then_some(worst < opts.tolerance)
+            };
+            match confirmed {
                 Some(true) => {
                     status = FitStatus::Converged;
                     break;
                 }
                 Some(false) => {}
-                None => return ill(beta, ll, f64::NAN, iterations, trace),
+                None => return Ok(ill(beta, ll, f64::NAN, iterations, trace)),
             }
         }
         if full {
@@ -470,7 +517,7 @@ fn attempt(
             full = true;
         }
     }
-    CcdResult {
+    Ok(CcdResult {
         log_prior: priors.log_prior(&beta),
         beta,
         log_likelihood: ll,
@@ -479,13 +526,13 @@ fn attempt(
         objective_trace: trace,
         coordinate_updates: 0,
         seconds: 0.0,
-    }
+    })
 }
 
 /// One pass of coordinate updates over `coords` (trust region, priors; module docs). Returns the
 /// largest `measure(prior, β_j, g_j, h_j)` seen before each coordinate's step, or `None` when a
 /// derivative is not finite.
-fn cycle(
+pub(crate) fn cycle(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
     beta: &mut [f64],
@@ -503,9 +550,7 @@ fn cycle(
         }
         let prior = priors.per_coef[j];
         worst = worst.max(measure(prior, beta[j], g, h));
-        let delta = newton_step(prior, beta[j], g, h);
-        let delta = delta.clamp(-bound[j], bound[j]);
-        bound[j] = (2.0 * delta.abs()).max(bound[j] / 2.0);
+        let delta = trust_region_step(prior, beta[j], g, h, &mut bound[j]);
         if delta != 0.0 {
             beta[j] += delta;
             lik.update(j, delta);
@@ -555,8 +600,7 @@ fn simultaneous_step(
         if !needs_h {
             continue;
         }
-        let delta = newton_step(prior, beta[j], gj, h).clamp(-bound[j], bound[j]);
-        bound[j] = (2.0 * delta.abs()).max(bound[j] / 2.0);
+        let delta = trust_region_step(prior, beta[j], gj, h, &mut bound[j]);
         if delta != 0.0 {
             moves.push((j, delta));
         }

@@ -70,6 +70,7 @@ pub mod risk_set;
 pub mod rng;
 pub mod robust;
 pub mod sccs;
+pub mod stepper;
 
 use crate::error::{Error, Result};
 use design::DesignMatrix;
