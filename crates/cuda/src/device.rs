@@ -64,9 +64,10 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use crate::layout::{CscLayout, RiskSetLayout, SccsLayout};
 use epifusion_core::backend::{GpuFitStats, Precision};
 use epifusion_core::error::{Error, Result};
-use epifusion_core::model::ccd::{CcdOptions, CcdResult, FitStatus};
+use epifusion_core::model::ccd::{self, CcdOptions, CcdResult};
 use epifusion_core::model::design::DesignMatrix;
 use epifusion_core::model::prior::{Prior, PriorSet};
+use epifusion_core::model::stepper::CoordinateStepper;
 use epifusion_core::model::{ModelKind, Ties};
 
 /// Whether the CUDA path has passed `gpu_parity` on a GPU. Until it has, `device: auto` uses the
@@ -638,6 +639,51 @@ impl DeviceModel {
         csc: &DeviceCsc,
         j: usize,
     ) -> Result<()> {
+        let n_partials = self.launch_gradient(gpu, st, csc, j)?;
+        let gconst = match self {
+            DeviceModel::Sccs { gconst, .. } => Some(&*gconst),
+            DeviceModel::RiskSet { .. } => None,
+        };
+        st.step(gpu, j, gconst, n_partials)?;
+        self.launch_update(gpu, csc, j, &st.delta, &mut st.eta)
+    }
+
+    /// g_j at the current state, nothing moved (the driver's check at the returned β): the
+    /// gradient launch, its partials summed on the host in block order (not the device's
+    /// order: a check, not a step), and for risk sets an update with Δ = `zero` that only
+    /// clears the scratch column.
+    fn gradient(
+        &mut self,
+        gpu: &Gpu,
+        st: &mut CcdState,
+        csc: &DeviceCsc,
+        zero: &CudaSlice<f64>,
+        j: usize,
+    ) -> Result<f64> {
+        let n_partials = self.launch_gradient(gpu, st, csc, j)? as usize;
+        let parts = gpu
+            .stream
+            .clone_dtoh(&st.partials.slice(0..3 * n_partials))
+            .map_err(driver)?;
+        let g: f64 = parts.chunks(3).map(|c| c[0]).sum();
+        match self {
+            DeviceModel::Sccs { l, .. } => Ok(l.gconst[j] + g),
+            DeviceModel::RiskSet { .. } => {
+                self.launch_update(gpu, csc, j, zero, &mut st.eta)?;
+                Ok(g)
+            }
+        }
+    }
+
+    /// The gradient partials of column j into `st.partials`; returns the number of blocks
+    /// that wrote them.
+    fn launch_gradient(
+        &mut self,
+        gpu: &Gpu,
+        st: &mut CcdState,
+        csc: &DeviceCsc,
+        j: usize,
+    ) -> Result<u32> {
         let j_i = j as i32;
         match self {
             DeviceModel::Sccs {
@@ -646,11 +692,9 @@ impl DeviceModel {
                 run_lo,
                 run_hi,
                 run_stratum,
-                tw,
                 te,
                 den,
                 nsum,
-                gconst,
                 ..
             } => {
                 let runs = (l.col_run_ptr[j + 1] - l.col_run_ptr[j]) as usize;
@@ -670,9 +714,48 @@ impl DeviceModel {
                     .arg(&mut st.partials);
                 // SAFETY: runs index the CSC of column j; partials ≥ 3·grid blocks.
                 unsafe { b.launch(cfg) }.map_err(driver)?;
-                st.step(gpu, j, Some(&*gconst), cfg.grid_dim.0)?;
+                Ok(cfg.grid_dim.0)
+            }
+            DeviceModel::RiskSet { xcol, .. } => {
+                let cfg = grid(csc.nnz(j));
+                let mut b = gpu.stream.launch_builder(gpu.f("risk_set_scatter")?);
+                b.arg(&j_i).arg(&csc.col_ptr).arg(&csc.row_idx);
+                arg_vals!(b, csc);
+                b.arg(&csc.val_off).arg(xcol);
+                // SAFETY: row indices of column j are < n = len(xcol).
+                unsafe { b.launch(cfg) }.map_err(driver)?;
+                self.risk_set_gradient(gpu, st)?;
+                Ok(1)
+            }
+        }
+    }
+
+    /// β_j's change by the device value `delta` into the model's state (η and the sums); for
+    /// risk sets it also clears the scratch column.
+    fn launch_update(
+        &mut self,
+        gpu: &Gpu,
+        csc: &DeviceCsc,
+        j: usize,
+        delta: &CudaSlice<f64>,
+        eta: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        let j_i = j as i32;
+        match self {
+            DeviceModel::Sccs {
+                l,
+                col_run_ptr,
+                run_lo,
+                run_hi,
+                run_stratum,
+                tw,
+                te,
+                den,
+                ..
+            } => {
+                let runs = (l.col_run_ptr[j + 1] - l.col_run_ptr[j]) as usize;
                 let mut b = gpu.stream.launch_builder(gpu.f("sccs_update")?);
-                b.arg(&j_i).arg(&st.delta).arg(&csc.col_ptr);
+                b.arg(&j_i).arg(delta).arg(&csc.col_ptr);
                 arg_vals!(b, csc);
                 b.arg(&csc.val_off)
                     .arg(&csc.row_idx)
@@ -681,43 +764,19 @@ impl DeviceModel {
                     .arg(&*run_hi)
                     .arg(&*run_stratum)
                     .arg(&*tw)
-                    .arg(&mut st.eta)
+                    .arg(eta)
                     .arg(te)
                     .arg(den);
                 // SAFETY: as for sccs_gradient; each run (one stratum) is owned by one thread.
-                unsafe { b.launch(cfg) }.map_err(driver)?;
+                unsafe { b.launch(grid(runs)) }.map_err(driver)?;
             }
-            DeviceModel::RiskSet { .. } => {
-                let cfg = grid(csc.nnz(j));
-                {
-                    let DeviceModel::RiskSet { xcol, .. } = &mut *self else {
-                        unreachable!()
-                    };
-                    let mut b = gpu.stream.launch_builder(gpu.f("risk_set_scatter")?);
-                    b.arg(&j_i).arg(&csc.col_ptr).arg(&csc.row_idx);
-                    arg_vals!(b, csc);
-                    b.arg(&csc.val_off).arg(xcol);
-                    // SAFETY: row indices of column j are < n = len(xcol).
-                    unsafe { b.launch(cfg) }.map_err(driver)?;
-                }
-                self.risk_set_gradient(gpu, st)?;
-                st.step(gpu, j, None, 1)?;
-                let DeviceModel::RiskSet { w, we, xcol, .. } = self else {
-                    unreachable!()
-                };
+            DeviceModel::RiskSet { w, we, xcol, .. } => {
                 let mut b = gpu.stream.launch_builder(gpu.f("risk_set_update")?);
-                b.arg(&j_i)
-                    .arg(&st.delta)
-                    .arg(&csc.col_ptr)
-                    .arg(&csc.row_idx);
+                b.arg(&j_i).arg(delta).arg(&csc.col_ptr).arg(&csc.row_idx);
                 arg_vals!(b, csc);
-                b.arg(&csc.val_off)
-                    .arg(&*w)
-                    .arg(&mut st.eta)
-                    .arg(we)
-                    .arg(xcol);
+                b.arg(&csc.val_off).arg(&*w).arg(eta).arg(we).arg(xcol);
                 // SAFETY: row indices of column j are < n; rows of one column are distinct.
-                unsafe { b.launch(cfg) }.map_err(driver)?;
+                unsafe { b.launch(grid(csc.nnz(j))) }.map_err(driver)?;
             }
         }
         Ok(())
@@ -756,8 +815,10 @@ impl DeviceModel {
     }
 }
 
-/// Fit `kind` on `x` by CCD on the GPU from β = 0. Same semantics as [`epifusion_core::model::ccd::fit`]
-/// (trust region, priors, retries on NaN/∞, convergence rules); returns its result and stats.
+/// Fit `kind` on `x` by CCD on the GPU from β = 0: the core's driver
+/// ([`epifusion_core::model::ccd::drive`]: trust region, priors, the active set, retries on
+/// NaN/∞, the classic convergence rules, cancellation) with every coordinate stepped on the
+/// device ([`DeviceStepper`]); returns its result and stats.
 pub fn fit(
     kind: ModelKind,
     ties: Ties,
@@ -773,7 +834,7 @@ pub fn fit(
     let setup = Instant::now();
     let gpu = Gpu::get(precision)?;
     let info = probe().as_ref().map_err(|w| Error::Device(w.clone()))?;
-    let (csc_layout, mut model, offset) = upload_model(&gpu, kind, ties, x)?;
+    let (csc_layout, model, offset) = upload_model(&gpu, kind, ties, x)?;
     let csc = DeviceCsc::upload(&gpu, &csc_layout, precision)?;
     drop(csc_layout);
     let p = csc.host_col_ptr.len() - 1;
@@ -783,37 +844,95 @@ pub fn fit(
             priors.per_coef.len()
         )));
     }
-    let mut st = CcdState::new(&gpu, priors, model.n_rows(), &offset)?;
-    let active: Vec<usize> = (0..p).collect();
+    let st = CcdState::new(&gpu, priors, model.n_rows(), &offset)?;
+    let all: Vec<usize> = (0..p).collect();
     let value_bytes = if precision == Precision::F32 { 4 } else { 8 };
     let stats = GpuFitStats {
         device: info.describe(),
         design_bytes: csc.bytes,
-        bytes_per_cycle: model.bytes_per_cycle(&csc, &active, value_bytes),
+        bytes_per_cycle: model.bytes_per_cycle(&csc, &all, value_bytes),
         setup_seconds: setup.elapsed().as_secs_f64(),
     };
-    let started = Instant::now();
-    let beta0 = vec![0.0; p];
-    let mut updates = 0u64;
-    let mut bound0 = opts.initial_bound;
-    let mut last = None;
-    for _attempt in 0..=opts.max_retries {
-        let r = attempt(
-            &gpu, &mut st, &mut model, &csc, priors, &beta0, &active, opts, bound0,
-        )?;
-        updates += (r.iterations * active.len()) as u64;
-        let ill = r.status == FitStatus::IllConditioned;
-        last = Some(r);
-        if !ill {
-            break;
-        }
-        bound0 *= 0.1;
-    }
-    let mut r = last.ok_or_else(|| Error::FitFailed("internal: no attempt ran".into()))?;
-    gpu.stream.synchronize().map_err(driver)?;
-    r.coordinate_updates = updates;
-    r.seconds = started.elapsed().as_secs_f64();
+    let mut stepper = DeviceStepper {
+        zero: gpu.zeros(1)?,
+        gpu: &gpu,
+        st,
+        model,
+        csc,
+        p,
+    };
+    let r = ccd::drive(&mut stepper, priors, &vec![0.0; p], None, opts)?;
     Ok((r, stats))
+}
+
+/// The device's [`CoordinateStepper`]: β, the trust-region bounds and the model's state live
+/// on the device; a cycle launches gradient → `ccd_step` → update for each coordinate with no
+/// host round trip and copies back β, the NaN flag and the largest KKT violation once.
+struct DeviceStepper<'a> {
+    gpu: &'a Gpu,
+    st: CcdState,
+    model: DeviceModel,
+    csc: DeviceCsc,
+    p: usize,
+    /// A device Δ = 0: `risk_set_update` with it only clears the scratch column.
+    zero: CudaSlice<f64>,
+}
+
+impl CoordinateStepper for DeviceStepper<'_> {
+    fn n_coef(&self) -> usize {
+        self.p
+    }
+
+    fn start(&mut self, beta: &[f64], bound0: f64) -> Result<f64> {
+        let s = &self.gpu.stream;
+        s.memcpy_htod(beta, &mut self.st.beta).map_err(driver)?;
+        s.memcpy_htod(&vec![bound0; self.p], &mut self.st.bound)
+            .map_err(driver)?;
+        s.memset_zeros(&mut self.st.state).map_err(driver)?;
+        self.refresh()
+    }
+
+    fn cycle(
+        &mut self,
+        coords: &[usize],
+        beta: &mut [f64],
+        updates: &mut u64,
+    ) -> Result<Option<f64>> {
+        let s = &self.gpu.stream;
+        s.memset_zeros(&mut self.st.max_violation).map_err(driver)?;
+        for &j in coords {
+            self.model
+                .coordinate(self.gpu, &mut self.st, &self.csc, j)?;
+        }
+        *updates += coords.len() as u64;
+        // The once-per-cycle transfer: β, the NaN flag and the KKT violation.
+        let b = s.clone_dtoh(&self.st.beta).map_err(driver)?;
+        beta.copy_from_slice(&b[..self.p]);
+        let flags = s.clone_dtoh(&self.st.state).map_err(driver)?;
+        let violation = s.clone_dtoh(&self.st.max_violation).map_err(driver)?[0];
+        Ok((flags[0] == 0).then_some(violation))
+    }
+
+    fn refresh(&mut self) -> Result<f64> {
+        let n = self.model.n_rows();
+        self.st.rebuild_eta(self.gpu, &self.csc, n)?;
+        self.model.recompute(self.gpu, &mut self.st)
+    }
+
+    fn gradients(&mut self, coords: &[usize]) -> Result<Vec<f64>> {
+        coords
+            .iter()
+            .map(|&j| {
+                self.model
+                    .gradient(self.gpu, &mut self.st, &self.csc, &self.zero, j)
+            })
+            .collect()
+    }
+
+    fn finish(&mut self, _beta: Option<&[f64]>) -> Result<()> {
+        // The device state is dropped with the stepper: nothing to leave anywhere.
+        self.gpu.stream.synchronize().map_err(driver)
+    }
 }
 
 type Uploaded = (CscLayout, DeviceModel, Vec<f64>);
@@ -879,85 +998,6 @@ fn upload_model(gpu: &Gpu, kind: ModelKind, ties: Ties, x: &DesignMatrix) -> Res
                 other.name()
             )))
         }
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn attempt(
-    gpu: &Gpu,
-    st: &mut CcdState,
-    model: &mut DeviceModel,
-    csc: &DeviceCsc,
-    priors: &PriorSet,
-    beta0: &[f64],
-    active: &[usize],
-    opts: &CcdOptions,
-    bound0: f64,
-) -> Result<CcdResult> {
-    let p = beta0.len();
-    let n = model.n_rows();
-    let s = &gpu.stream;
-    s.memcpy_htod(beta0, &mut st.beta).map_err(driver)?;
-    s.memcpy_htod(&vec![bound0; p], &mut st.bound)
-        .map_err(driver)?;
-    s.memset_zeros(&mut st.state).map_err(driver)?;
-    st.rebuild_eta(gpu, csc, n)?;
-    let mut ll = model.recompute(gpu, st)?;
-    let mut beta = beta0.to_vec();
-    let mut obj = ll + priors.log_prior(&beta);
-    let mut trace = Vec::new();
-    let ill = |beta: Vec<f64>, iterations: usize, trace: Vec<f64>| CcdResult {
-        beta,
-        log_likelihood: f64::NAN,
-        log_prior: f64::NAN,
-        iterations,
-        status: FitStatus::IllConditioned,
-        objective_trace: trace,
-        coordinate_updates: 0,
-        seconds: 0.0,
-    };
-    if !obj.is_finite() {
-        return Ok(ill(beta, 0, trace));
-    }
-    let mut status = FitStatus::MaxIterations;
-    let mut iterations = 0;
-    for cycle in 0..opts.max_iterations {
-        iterations = cycle + 1;
-        s.memset_zeros(&mut st.max_violation).map_err(driver)?;
-        for &j in active {
-            model.coordinate(gpu, st, csc, j)?;
-        }
-        // The once-per-cycle transfer: β, the NaN flag and the KKT violation.
-        beta = s.clone_dtoh(&st.beta).map_err(driver)?;
-        beta.truncate(p);
-        let flags = s.clone_dtoh(&st.state).map_err(driver)?;
-        let violation = s.clone_dtoh(&st.max_violation).map_err(driver)?[0];
-        if flags[0] != 0 {
-            return Ok(ill(beta, iterations, trace));
-        }
-        st.rebuild_eta(gpu, csc, n)?;
-        ll = model.recompute(gpu, st)?;
-        let new_obj = ll + priors.log_prior(&beta);
-        if !new_obj.is_finite() {
-            return Ok(ill(beta, iterations, trace));
-        }
-        trace.push(new_obj);
-        let criterion = opts.convergence.criterion(obj, new_obj, violation);
-        obj = new_obj;
-        if criterion < opts.tolerance {
-            status = FitStatus::Converged;
-            break;
-        }
-    }
-    Ok(CcdResult {
-        log_prior: priors.log_prior(&beta),
-        beta,
-        log_likelihood: ll,
-        iterations,
-        status,
-        objective_trace: trace,
-        coordinate_updates: 0,
-        seconds: 0.0,
     })
 }
 
