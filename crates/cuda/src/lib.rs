@@ -11,6 +11,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(test)]
+mod emulation;
 pub mod layout;
 
 #[cfg(feature = "cuda")]
