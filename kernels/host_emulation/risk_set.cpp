@@ -1,5 +1,5 @@
 // Runs kernels/cox.cu's risk_set_gradient on host threads over the cases written by
-// `cargo test --lib emulation_dump -- --ignored` and compares with the Rust reference.
+// `cargo test -p epifusion-cuda emulation` (crates/cuda/src/emulation.rs) and compares with the Rust reference.
 #include "shim.h"
 #include <cstdio>
 #include <fstream>

@@ -1,5 +1,7 @@
 //! The CUDA backend: device discovery, NVRTC compilation of `kernels/*.cu`, device buffers of the
-//! design and a CCD driver that runs every coordinate on the device.
+//! design and a coordinate stepper ([`CoordinateStepper`]) that runs every coordinate on the
+//! device; cycles, the active set, retries, convergence and statuses are the core's one driver
+//! ([`ccd::drive`]), as on the CPU.
 //!
 //! **Status: nothing here has run on a GPU yet.** The session that wrote it had no GPU and no
 //! CUDA toolkit; the host layouts are checked against the brute-force references on the CPU
@@ -20,9 +22,12 @@
 //! | SCCS | `sccs_gradient` (per-stratum transform–reduce over column j's runs) → `ccd_step` → `sccs_update` (η, t·e, D_s on the runs) |
 //! | Cox, Fine–Gray | `risk_set_scatter` (column j into a dense scratch column) → `risk_set_gradient` (fused segmented scan, Breslow/Efron groups, Fine–Gray backward sums, reduction) → `ccd_step` → `risk_set_update` (η, w·e; clears the scratch) |
 //!
-//! β, the trust-region bounds, Δ and the KKT violation live on the device. Once per cycle η is
-//! rebuilt from scratch on the device (incremental updates drift) and β, the log-likelihood
-//! partials, the KKT violation and the NaN flag are copied back for the convergence check.
+//! β, the trust-region bounds, Δ and the KKT violation live on the device. The driver asks for
+//! one cycle at a time (all coordinates, or the active set); after it β, the KKT violation and
+//! the NaN flag are copied back, η is rebuilt from scratch on the device (incremental updates
+//! drift) and the log-likelihood partials are copied back for the convergence check. The
+//! `gradient` rule's confirmation at the returned β runs the gradient kernels alone (one small
+//! copy per coordinate, once per converging cycle).
 //!
 //! The Cox/Fine–Gray scan is one block per coordinate (simple and deterministic); a multi-block
 //! decoupled look-back scan is the next step for large N once this version is verified.
@@ -34,8 +39,9 @@
 //! * `kernels/host_emulation/run.sh`: the `.cu` sources themselves, compiled by g++ with a shim
 //!   (one host thread per CUDA thread, a barrier for `__syncthreads`), run the fused risk-set
 //!   scan on 24 cases (Cox and Fine–Gray, strata, weights, Breslow and Efron, 1 and 8 rows per
-//!   thread) and whole CCD fits launched in this driver's order (SCCS, Cox, Fine–Gray; no prior
-//!   and Laplace): they agree with the CPU to ~1e-15.
+//!   thread), and `ccd.cpp` — this stepper's launches per operation — is driven by the core's
+//!   driver (`crates/cuda/src/emulation.rs`): SCCS, Cox, Fine–Gray; no prior, Laplace, Normal;
+//!   the active set and retries; statuses, iterations and iterates as on the CPU.
 //! * Not verified: NVRTC compilation (no NVRTC here), the cudarc launches (argument lists were
 //!   checked against the kernel signatures by reading), timing and the GPU memory model.
 //!

@@ -1,7 +1,7 @@
 //! The CUDA backend of epifusion: host layouts of the design for the kernels ([`layout`], pure
 //! Rust, tested everywhere), and with the cargo feature `cuda` the device driver ([`device`]:
 //! run-time discovery through cudarc's dynamic loading, NVRTC compilation of `kernels/*.cu`, the
-//! device CCD driver).
+//! device's coordinate stepper under the core's CCD driver).
 //!
 //! The core (`epifusion-core`) does not depend on this crate: it reaches the GPU through its
 //! [`GpuBackend`] trait, which [`CudaBackend`] implements; [`install`] installs it for the

@@ -84,8 +84,10 @@
 //! [`FitStatus::NoFiniteMle`] for them ([`crate::model::degenerate`]).
 //!
 //! **The classic rules** (`objective`, `gradient`) run coordinate descent alone on every free
-//! coefficient, exactly as before the optimality rule existed (drivers without a Newton block —
-//! the CUDA backend — use them):
+//! coefficient, exactly as before the optimality rule existed. They are the one driver of every
+//! backend, [`drive`], over a [`CoordinateStepper`] (`model/stepper.rs`: the CPU's
+//! [`LikelihoodStepper`], the CUDA device's stepper, its host emulation), which also runs
+//! [`Convergence::Optimality`] as `gradient` (it has no Newton block):
 //!
 //! * [`Convergence::Objective`]: relative change |f_new − f_old| / (|f_new| + 1) of the log
 //!   posterior after a full cycle. This is Cyclops' `"lange"` convergence type. (Cyclops'
