@@ -824,7 +824,7 @@ impl DeviceModel {
 /// Fit `kind` on `x` by CCD on the GPU from β = 0: the core's driver
 /// ([`epifusion_core::model::ccd::drive`]: trust region, priors, the active set, retries on
 /// NaN/∞, the classic convergence rules, cancellation) with every coordinate stepped on the
-/// device ([`DeviceStepper`]); returns its result and stats.
+/// device (`DeviceStepper`); returns its result and stats.
 pub fn fit(
     kind: ModelKind,
     ties: Ties,
