@@ -784,8 +784,10 @@ fn mem_table(name: &str, batches: &[RecordBatch]) -> DfResult<Arc<MemTable>> {
     )?))
 }
 
-/// Fit the unit's model with the `*_fit` table function over the study tables (so every fit
-/// option, `cv` included, means what it means in SQL), plus the sizes for the diagnostics.
+/// Fit the unit's model over the study tables through the Rust entry of its `*_fit` table
+/// function ([`epifusion_sql::fit_table::fit_batches`]: every fit option, `cv` included, means
+/// what it means in SQL), plus the sizes for the diagnostics (queries over the registered
+/// tables).
 async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     if rows == 0 {
@@ -802,22 +804,29 @@ async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fi
     };
     ctx.register_table(OUTCOMES_TABLE, mem_table("outcomes", &t.outcomes)?)?;
     ctx.register_table(COVARIATES_TABLE, mem_table("covariates", &covariates)?)?;
-    let r = fit_registered(ctx, a, t).await;
+    let r = fit_registered(ctx, a, t, &covariates).await;
     let _ = ctx.deregister_table(OUTCOMES_TABLE);
     let _ = ctx.deregister_table(COVARIATES_TABLE);
     r
 }
 
-async fn fit_registered(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
+async fn fit_registered(
+    ctx: &SessionContext,
+    a: &Analysis,
+    t: &StudyTables,
+    covariates: &[RecordBatch],
+) -> DfResult<Fitted> {
+    // The fit: the Rust entry of the fitting table function, on the study tables in memory.
     let function = a.model.descriptor().table_function;
-    let options = a.fit_options.to_string().replace('\'', "''");
-    let estimates = ctx
-        .sql(&format!(
-            "SELECT * FROM {function}('{OUTCOMES_TABLE}', '{COVARIATES_TABLE}', '{options}')"
-        ))
-        .await?
-        .collect()
-        .await?;
+    let schema_of = |b: &[RecordBatch]| b[0].schema();
+    let result = epifusion_sql::fit_table::fit_batches(
+        function,
+        &a.fit_options.to_string(),
+        (schema_of(&t.outcomes), t.outcomes.clone()),
+        Some((schema_of(covariates), covariates.to_vec())),
+    )
+    .await?;
+    let estimates = vec![result];
 
     // Sizes for the diagnostics.
     let schema = t.outcomes[0].schema();

@@ -29,7 +29,6 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::TableFunctionArgs;
 use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
-use datafusion::execution::SessionState;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
@@ -38,9 +37,8 @@ use epifusion_core::calibration::{
     EmpiricalNull,
 };
 
-use crate::fit_table::{
-    check_table_arg, string_args, table_sql, BatchProducer, IntoDfResult, OneBatchExec,
-};
+use crate::exec::{EpiExec, NodeSpec};
+use crate::fit_table::{check_table_arg, string_args, table_sql, IntoDfResult};
 use crate::planning::{check_read_only, plan_sql};
 
 /// `empirical_null(negatives)`.
@@ -51,7 +49,8 @@ pub struct EmpiricalNullFunction;
 #[derive(Debug, Default)]
 pub struct CalibrateEstimatesFunction;
 
-fn null_schema() -> SchemaRef {
+/// The schema of `empirical_null`.
+pub(crate) fn null_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("group", DataType::Utf8, true),
         Field::new("mean", DataType::Float64, false),
@@ -83,7 +82,6 @@ impl TableFunctionImpl for EmpiricalNullFunction {
         }
         check_table_arg("empirical_null", 1, &strings[0])?;
         Ok(Arc::new(CalibrationTable {
-            name: "empirical_null",
             estimates: None,
             negatives: table_sql(&strings[0]),
             schema: null_schema(),
@@ -112,34 +110,40 @@ impl TableFunctionImpl for CalibrateEstimatesFunction {
                 return plan_err!("calibrate_estimates: the estimates have no column `{c}`");
             }
         }
-        let mut fields: Vec<Field> = input
-            .fields()
-            .iter()
-            .filter(|f| !CALIBRATED.contains(&f.name().as_str()))
-            .map(|f| f.as_ref().clone())
-            .collect();
-        fields.extend(
-            CALIBRATED
-                .iter()
-                .map(|n| Field::new(*n, DataType::Float64, true)),
-        );
         Ok(Arc::new(CalibrationTable {
-            name: "calibrate_estimates",
             estimates: Some(estimates),
             negatives: table_sql(&strings[1]),
-            schema: Arc::new(Schema::new(fields)),
+            schema: calibrated_schema(&input)?,
         }))
     }
+}
+
+/// The schema of `calibrate_estimates` over estimates of schema `input`: its columns (but any
+/// calibrated ones) and the calibrated columns.
+pub(crate) fn calibrated_schema(input: &Schema) -> DfResult<SchemaRef> {
+    for c in ["log_rr", "se_log_rr"] {
+        if input.column_with_name(c).is_none() {
+            return plan_err!("calibrate_estimates: the estimates have no column `{c}`");
+        }
+    }
+    let mut fields: Vec<Field> = input
+        .fields()
+        .iter()
+        .filter(|f| !CALIBRATED.contains(&f.name().as_str()))
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.extend(
+        CALIBRATED
+            .iter()
+            .map(|n| Field::new(*n, DataType::Float64, true)),
+    );
+    Ok(Arc::new(Schema::new(fields)))
 }
 
 /// The schema of a read-only input query, planned in the calling session (table functions
 /// must give their schema before their scan).
 fn input_schema(session: &dyn Session, sql: &str) -> DfResult<SchemaRef> {
-    let state = session
-        .as_any()
-        .downcast_ref::<SessionState>()
-        .ok_or_else(|| exec_datafusion_err!("calibrate_estimates needs a DataFusion SessionState"))?
-        .clone();
+    let state = crate::planning::planning_state(session);
     let sql = sql.to_string();
     let plan = block_on(async move { state.create_logical_plan(&sql).await })?;
     check_read_only(&plan, "calibrate_estimates: the estimates query")?;
@@ -164,7 +168,6 @@ fn block_on<T: Send + 'static>(
 /// The table of either function.
 #[derive(Debug)]
 struct CalibrationTable {
-    name: &'static str,
     estimates: Option<String>,
     negatives: String,
     schema: SchemaRef,
@@ -187,40 +190,44 @@ impl TableProvider for CalibrationTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let negatives = plan_sql(state, &self.negatives).await?;
-        let estimates = match &self.estimates {
-            Some(sql) => Some(plan_sql(state, sql).await?),
-            None => None,
+        let mut inputs = vec![plan_sql(state, &self.negatives).await?];
+        let spec = match &self.estimates {
+            Some(sql) => {
+                inputs.push(plan_sql(state, sql).await?);
+                NodeSpec::CalibrateEstimates
+            }
+            None => NodeSpec::EmpiricalNull,
         };
-        let schema = self.schema.clone();
-        let name = self.name;
-        let producer: BatchProducer = Arc::new(move |ctx| {
-            let (negatives, estimates, schema) =
-                (negatives.clone(), estimates.clone(), schema.clone());
-            Box::pin(async move {
-                let neg = collect_one(negatives, ctx.clone()).await?;
-                let nulls = fit_nulls(&neg)?;
-                match estimates {
-                    None => null_batch(&schema, &nulls),
-                    Some(plan) => {
-                        let est = collect_one(plan, ctx).await?;
-                        calibrated_batch(
-                            &schema,
-                            &est,
-                            &nulls,
-                            neg.column_by_name("group").is_some(),
-                        )
-                    }
-                }
-            })
-        });
-        Ok(Arc::new(OneBatchExec::new(
-            name.to_string(),
-            producer,
-            self.schema.clone(),
-            projection,
+        Ok(Arc::new(EpiExec::try_new(
+            spec,
+            inputs,
+            projection.cloned(),
+            None,
         )?))
     }
+}
+
+/// `empirical_null`'s work: collect the negatives and fit one null per group.
+pub(crate) async fn run_empirical_null(
+    schema: &SchemaRef,
+    negatives: Arc<dyn ExecutionPlan>,
+    ctx: Arc<datafusion::execution::TaskContext>,
+) -> DfResult<RecordBatch> {
+    let neg = collect_one(negatives, ctx).await?;
+    null_batch(schema, &fit_nulls(&neg)?)
+}
+
+/// `calibrate_estimates`' work: fit the nulls, calibrate every estimate.
+pub(crate) async fn run_calibration(
+    schema: &SchemaRef,
+    negatives: Arc<dyn ExecutionPlan>,
+    estimates: Arc<dyn ExecutionPlan>,
+    ctx: Arc<datafusion::execution::TaskContext>,
+) -> DfResult<RecordBatch> {
+    let neg = collect_one(negatives, ctx.clone()).await?;
+    let nulls = fit_nulls(&neg)?;
+    let est = collect_one(estimates, ctx).await?;
+    calibrated_batch(schema, &est, &nulls, neg.column_by_name("group").is_some())
 }
 
 async fn collect_one(

@@ -38,6 +38,7 @@ use futures::future::BoxFuture;
 
 use crate::convert::{self, BatchSource, ReadOptions};
 use crate::design_table::DesignRegistry;
+use crate::exec::{EpiExec, NodeSpec};
 use crate::options::{parse_fit_options, parse_result_table, ResultTable};
 use epifusion_core::fit::{fit_owned, FitOptions};
 use epifusion_core::model::ModelKind;
@@ -163,6 +164,8 @@ pub struct FitCall {
     pub options: FitOptions,
     /// Which table to return (option `table`).
     pub table: ResultTable,
+    /// The options JSON as written (what a plan node carries).
+    pub options_json: String,
 }
 
 /// Parse `outcomes [, covariates] [, options]`.
@@ -190,13 +193,13 @@ pub fn parse_fit_call(function: &str, model: ModelKind, args: &[String]) -> DfRe
         );
     }
     let json = options.first().map_or("", |s| s.as_str());
-    let options = parse_fit_options(model, json).into_df()?;
-    let table = parse_result_table(&options, json).into_df()?;
+    let FitWork { options, table, .. } = FitWork::parse(function, model, json)?;
     Ok(FitCall {
         outcomes: table_sql(tables[0]),
         covariates: tables.get(1).map(|s| table_sql(s)),
         options,
         table,
+        options_json: json.to_string(),
     })
 }
 
@@ -244,7 +247,7 @@ impl TableProvider for FitTable {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let schema = convert::table_schema(self.call.table);
         let label = format!("{} ({})", self.function, self.model.name());
-        let (model, call) = (self.model, self.call.clone());
+        let call = self.call.clone();
         // `@name`: a matrix kept by design_matrix(); nothing to plan or collect.
         if let Some(name) = self.call.outcomes.strip_prefix('@') {
             if self.call.covariates.is_some() {
@@ -267,23 +270,64 @@ impl TableProvider for FitTable {
                 label, producer, schema, projection,
             )?));
         }
-        let outcomes = plan_sql(state, &self.call.outcomes).await?;
-        let covariates = match &self.call.covariates {
-            Some(sql) => Some(plan_sql(state, sql).await?),
-            None => None,
+        let mut inputs = vec![plan_sql(state, &self.call.outcomes).await?];
+        if let Some(sql) = &self.call.covariates {
+            inputs.push(plan_sql(state, sql).await?);
+        }
+        let spec = NodeSpec::Fit {
+            function: self.function.to_string(),
+            options: self.call.options_json.clone(),
         };
-        let producer: BatchProducer = Arc::new(move |ctx| {
-            Box::pin(fit_from_plans(
-                model,
-                call.clone(),
-                outcomes.clone(),
-                covariates.clone(),
-                ctx,
-            ))
-        });
-        Ok(Arc::new(OneBatchExec::new(
-            label, producer, schema, projection,
+        Ok(Arc::new(EpiExec::try_new(
+            spec,
+            inputs,
+            projection.cloned(),
+            None,
         )?))
+    }
+}
+
+/// The checked options of a fit node: model, fit options and the table to return.
+#[derive(Debug, Clone)]
+pub struct FitWork {
+    model: ModelKind,
+    options: FitOptions,
+    table: ResultTable,
+}
+
+impl FitWork {
+    /// Parse and check `json` (empty: defaults) as `function`'s options for `model`.
+    pub fn parse(_function: &str, model: ModelKind, json: &str) -> DfResult<Self> {
+        let options = parse_fit_options(model, json).into_df()?;
+        let table = parse_result_table(&options, json).into_df()?;
+        Ok(FitWork {
+            model,
+            options,
+            table,
+        })
+    }
+
+    /// The schema of the table the fit returns.
+    pub fn schema(&self) -> SchemaRef {
+        convert::table_schema(self.table)
+    }
+
+    /// Collect the inputs, fit and return the result batch.
+    pub async fn run(
+        self,
+        outcomes: Arc<dyn ExecutionPlan>,
+        covariates: Option<Arc<dyn ExecutionPlan>>,
+        context: Arc<TaskContext>,
+    ) -> DfResult<RecordBatch> {
+        fit_from_plans(
+            self.model,
+            self.options,
+            self.table,
+            outcomes,
+            covariates,
+            context,
+        )
+        .await
     }
 }
 
@@ -291,10 +335,9 @@ impl TableProvider for FitTable {
 pub type BatchProducer =
     Arc<dyn Fn(Arc<TaskContext>) -> BoxFuture<'static, DfResult<RecordBatch>> + Send + Sync>;
 
-/// Execution plan with one partition that emits one batch made by a producer (collect the
-/// inputs, fit or build, emit the table). The inputs are planned and optimized in `scan` and kept
-/// opaque: exposing them as children would let the outer query's physical optimizer run over
-/// them a second time.
+/// Execution plan with one partition that emits one batch made by a producer: for work that
+/// stays in the session that planned it (a fit of a design matrix kept by `design_matrix`,
+/// `design_matrix` itself). Everything that can travel is an [`EpiExec`].
 pub struct OneBatchExec {
     label: String,
     producer: BatchProducer,
@@ -311,6 +354,11 @@ impl fmt::Debug for OneBatchExec {
 }
 
 impl OneBatchExec {
+    /// What the node computes (for errors and plans).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// A plan emitting `producer`'s batch (of `schema`), projected to `projection`.
     pub fn new(
         label: String,
@@ -419,17 +467,58 @@ pub async fn run_blocking<T: Send + 'static>(
 /// Collect, build the design, fit (on a blocking thread) and return the result batch.
 pub async fn fit_from_plans(
     model: ModelKind,
-    call: FitCall,
+    options: FitOptions,
+    table: ResultTable,
     outcomes: Arc<dyn ExecutionPlan>,
     covariates: Option<Arc<dyn ExecutionPlan>>,
     context: Arc<TaskContext>,
 ) -> DfResult<RecordBatch> {
     let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
+    fit_collected(model, options, table, inputs).await
+}
+
+/// Fit tables already in memory — the Rust entry behind the fitting table functions, for
+/// callers that hold the tables (a pipeline's study tables): `function` (e.g. `cox_fit`) with
+/// the options JSON `options_json` (empty: defaults) over `outcomes` and, in the long format,
+/// `covariates` (each a schema and its batches) returns what `SELECT * FROM
+/// function(outcomes, covariates, options_json)` returns.
+pub async fn fit_batches(
+    function: &str,
+    options_json: &str,
+    outcomes: (SchemaRef, Vec<RecordBatch>),
+    covariates: Option<(SchemaRef, Vec<RecordBatch>)>,
+) -> DfResult<RecordBatch> {
+    let model = match crate::registry::sql_functions()
+        .into_iter()
+        .find(|f| f.name == function)
+        .map(|f| f.role)
+    {
+        Some(crate::registry::SqlRole::Fit(model)) => model,
+        _ => return plan_err!("no fitting table function named `{function}`"),
+    };
+    let FitWork {
+        model,
+        options,
+        table,
+    } = FitWork::parse(function, model, options_json)?;
+    let inputs = CollectedInputs {
+        outcomes,
+        covariates,
+    };
+    fit_collected(model, options, table, inputs).await
+}
+
+/// Build the design from collected inputs, fit (on a blocking thread) and return the result.
+async fn fit_collected(
+    model: ModelKind,
+    mut options: FitOptions,
+    table: ResultTable,
+    inputs: CollectedInputs,
+) -> DfResult<RecordBatch> {
     // Dropping this future (the query's stream: Ctrl-C, a client that goes away) cancels the
     // fit running on the blocking thread.
-    let mut call = call;
     let token = epifusion_core::cancel::CancelToken::new();
-    call.options.ccd.cancel = token.clone();
+    options.ccd.cancel = token.clone();
     let _cancel_on_drop = token.cancel_on_drop();
     run_blocking("fit", move || {
         let read = ReadOptions {
@@ -437,9 +526,9 @@ pub async fn fit_from_plans(
             ..Default::default()
         };
         let (x, read_notes) = inputs.design_with_notes(&read)?;
-        let mut result = fit_owned(x, &call.options)?;
+        let mut result = fit_owned(x, &options)?;
         result.notes.splice(0..0, read_notes);
-        convert::table_batch(&result, call.table)
+        convert::table_batch(&result, table)
     })
     .await
 }

@@ -13,6 +13,7 @@ pub mod calibration;
 pub mod convert;
 pub mod design_table;
 pub mod docs;
+pub mod exec;
 pub mod fit_table;
 pub mod fit_udaf;
 pub mod named_source;

@@ -8,12 +8,24 @@
 //! error saying so. The CLI's own statements (`epifusion sql -c`), a pipeline's
 //! `[analysis.sql] setup` and the Flight SQL server's `--allow-writes` mode are outside this
 //! rule.
+//!
+//! **Portable planning.** Input queries are planned through the [`Session`] trait only — no
+//! downcast to DataFusion's `SessionState` — so the functions work in any session that
+//! implements it (a Ballista executor's, datafusion-python's through the FFI).
+//! [`planning_state`] builds a planning state from what the trait exposes: the session's
+//! configuration (with its extensions, e.g. the session's stored design matrices), runtime,
+//! catalogs, scalar / aggregate / window functions, table options and physical optimizers,
+//! DataFusion's default expression planners, file formats and table functions, and
+//! epifusion's own table functions. A table function registered in the calling session by
+//! someone else (not DataFusion's, not epifusion's) cannot be called *inside* an input query:
+//! the trait does not list table functions.
 
 use std::sync::Arc;
 
 use datafusion::catalog::Session;
-use datafusion::common::{exec_datafusion_err, plan_datafusion_err};
+use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result as DfResult;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
@@ -38,17 +50,56 @@ pub fn check_read_only(plan: &LogicalPlan, what: &str) -> DfResult<()> {
     })
 }
 
+/// A state for planning SQL in the calling session, built through the [`Session`] trait (no
+/// downcast; see the module documentation for what it carries).
+pub fn planning_state(session: &dyn Session) -> SessionState {
+    let mut state = SessionStateBuilder::new()
+        .with_session_id(session.session_id().to_string())
+        .with_config(shared_catalog_config(
+            session.config(),
+            session.catalog_list().as_ref(),
+        ))
+        .with_runtime_env(session.runtime_env().clone())
+        .with_default_features()
+        .with_catalog_list(session.catalog_list())
+        .with_table_options(session.table_options().clone())
+        .with_execution_props(session.execution_props().clone())
+        .with_query_planner(session.query_planner())
+        .with_physical_optimizer_rules(session.physical_optimizers().to_vec())
+        .with_scalar_functions(session.scalar_functions().values().cloned().collect())
+        .with_higher_order_functions(session.higher_order_functions().values().cloned().collect())
+        .with_aggregate_functions(session.aggregate_functions().values().cloned().collect())
+        .with_window_functions(session.window_functions().values().cloned().collect())
+        .build();
+    crate::session::register_table_functions(&mut state);
+    state
+}
+
+/// `config` for a state built over an existing catalog list: building a state with
+/// `create_default_catalog_and_schema` *replaces* the default catalog in the list it is given,
+/// which would drop the calling session's tables; off when that catalog exists.
+pub fn shared_catalog_config(
+    config: &datafusion::prelude::SessionConfig,
+    catalogs: &dyn datafusion::catalog::CatalogProviderList,
+) -> datafusion::prelude::SessionConfig {
+    let exists = catalogs
+        .catalog(&config.options().catalog.default_catalog)
+        .is_some();
+    let create = config.options().catalog.create_default_catalog_and_schema && !exists;
+    config
+        .clone()
+        .with_create_default_catalog_and_schema(create)
+}
+
+/// A [`SessionContext`] over [`planning_state`]: the calling session's catalogs and
+/// functions, for the study designs, which run several queries of their own.
+pub fn session_context(session: &dyn Session) -> SessionContext {
+    SessionContext::new_with_state(planning_state(session))
+}
+
 /// The logical plan of `sql` in the calling session, refused unless read-only.
-pub async fn logical_plan(state: &dyn Session, sql: &str, what: &str) -> DfResult<LogicalPlan> {
-    // SQL planning needs the session's table functions and expression planners, which the
-    // `Session` trait does not expose (DataFusion 55): plan through the concrete state.
-    let state = state
-        .as_any()
-        .downcast_ref::<SessionState>()
-        .ok_or_else(|| {
-            exec_datafusion_err!("epifusion table functions need a DataFusion SessionState")
-        })?;
-    let plan = state.create_logical_plan(sql).await?;
+pub async fn logical_plan(session: &dyn Session, sql: &str, what: &str) -> DfResult<LogicalPlan> {
+    let plan = planning_state(session).create_logical_plan(sql).await?;
     check_read_only(&plan, what)?;
     Ok(plan)
 }
@@ -102,5 +153,35 @@ mod tests {
         // A plain query plans.
         assert!(plan_sql(&state, "SELECT 1 AS a").await.is_ok());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn planning_through_the_session_trait_sees_and_keeps_the_sessions_tables() {
+        let ctx = crate::session::new_session(&Default::default())
+            .await
+            .unwrap();
+        ctx.sql("CREATE TABLE kept AS SELECT 1 AS a").await.unwrap();
+        let state = ctx.state();
+        // An input query sees the session's table, and epifusion's and DataFusion's table
+        // functions inside it; planning leaves the session's catalog as it was.
+        for sql in [
+            "SELECT a FROM kept",
+            "SELECT * FROM generate_series(1, 3)",
+            "SELECT * FROM epifusion_functions()",
+        ] {
+            plan_sql(&state, sql).await.unwrap();
+        }
+        assert!(
+            ctx.table_exist("kept").unwrap(),
+            "the session lost its table"
+        );
+        let n = ctx
+            .sql("SELECT count(*) FROM kept")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(n[0].num_rows(), 1);
     }
 }

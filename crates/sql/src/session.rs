@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
+use datafusion::catalog::TableFunctionImpl;
 use datafusion::common::Result as DfResult;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionState;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::design_table::{DesignMatrixFunction, DesignRegistry};
@@ -30,36 +32,59 @@ pub fn function_names() -> Vec<&'static str> {
 
 /// Register every epifusion function of [`crate::registry::sql_functions`] in `ctx` (and
 /// install the CUDA backend for the process, so that fits with `device: auto | cuda` can find a
-/// GPU).
+/// GPU). The session's stored design matrices ([`DesignRegistry`]) live in its configuration's
+/// extensions, so that input queries planned through the `Session` trait reach them
+/// ([`crate::planning::planning_state`]).
 pub fn register_all(ctx: &SessionContext) {
     epifusion_cuda::install();
     let designs = Arc::new(DesignRegistry::default());
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .set_extension(designs.clone());
     for f in sql_functions() {
         match f.role {
-            SqlRole::Fit(model) => ctx.register_udtf(
-                f.name,
-                Arc::new(FitTableFunction::new(f.name, model, designs.clone())),
-            ),
             SqlRole::FitAggregate(model) => ctx.register_udaf(
                 datafusion::logical_expr::AggregateUDF::from(FitAggregate::new(f.name, model)),
             ),
-            SqlRole::Study(design, part) => ctx.register_udtf(
-                f.name,
-                Arc::new(StudyTableFunction::new(f.name, design, part)),
-            ),
-            SqlRole::DesignMatrix => {
-                ctx.register_udtf(f.name, Arc::new(DesignMatrixFunction::new(designs.clone())))
+            _ => {
+                if let Some(t) = table_function(f.name, f.role, &designs) {
+                    ctx.register_udtf(f.name, t);
+                }
             }
-            SqlRole::EmpiricalNull => {
-                ctx.register_udtf(f.name, Arc::new(crate::calibration::EmpiricalNullFunction))
-            }
-            SqlRole::CalibrateEstimates => ctx.register_udtf(
-                f.name,
-                Arc::new(crate::calibration::CalibrateEstimatesFunction),
-            ),
-            SqlRole::Functions => ctx.register_udtf(f.name, Arc::new(crate::docs::FunctionsTable)),
         }
     }
+}
+
+/// Register epifusion's table functions in `state`, with the design matrices of its
+/// configuration's [`DesignRegistry`] extension (a new, empty one when it has none).
+pub fn register_table_functions(state: &mut SessionState) {
+    let designs = state
+        .config()
+        .get_extension::<DesignRegistry>()
+        .unwrap_or_default();
+    for f in sql_functions() {
+        if let Some(t) = table_function(f.name, f.role, &designs) {
+            state.register_udtf(f.name, t);
+        }
+    }
+}
+
+/// The table function of a registry entry (`None` for aggregates).
+fn table_function(
+    name: &'static str,
+    role: SqlRole,
+    designs: &Arc<DesignRegistry>,
+) -> Option<Arc<dyn TableFunctionImpl>> {
+    Some(match role {
+        SqlRole::Fit(model) => Arc::new(FitTableFunction::new(name, model, designs.clone())),
+        SqlRole::FitAggregate(_) => return None,
+        SqlRole::Study(design, part) => Arc::new(StudyTableFunction::new(name, design, part)),
+        SqlRole::DesignMatrix => Arc::new(DesignMatrixFunction::new(designs.clone())),
+        SqlRole::EmpiricalNull => Arc::new(crate::calibration::EmpiricalNullFunction),
+        SqlRole::CalibrateEstimates => Arc::new(crate::calibration::CalibrateEstimatesFunction),
+        SqlRole::Functions => Arc::new(crate::docs::FunctionsTable),
+    })
 }
 
 /// A new session: object stores from the environment, epifusion functions, and the OMOP

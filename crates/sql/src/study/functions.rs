@@ -19,16 +19,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{exec_datafusion_err, plan_err, Result as DfResult};
+use datafusion::common::{plan_err, Result as DfResult};
 use datafusion::datasource::TableType;
-use datafusion::execution::SessionState;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
 use super::{cohort, covariate_ref_schema, sccs, CohortDesign, SccsDesign, StudyTables};
-use crate::fit_table::{string_args, BatchProducer, OneBatchExec};
+use crate::exec::{EpiExec, NodeSpec};
+use crate::fit_table::string_args;
 
 /// Which design a function builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,24 +109,56 @@ impl TableFunctionImpl for StudyTableFunction {
                 strings.len()
             );
         }
-        let settings = match self.design {
+        let work = StudyWork::parse(self.name, self.design, self.part, &strings[0])?;
+        Ok(Arc::new(StudyTable {
+            name: self.name,
+            schema: work.schema(),
+            settings_json: strings[0].clone(),
+        }))
+    }
+}
+
+/// The checked settings of a study node: which design and table, and the design itself.
+#[derive(Debug, Clone)]
+pub struct StudyWork {
+    settings: Settings,
+    part: Part,
+}
+
+impl StudyWork {
+    /// Parse and check `json` as the settings of `function` (`design`, `part`).
+    pub fn parse(_function: &str, design: Design, part: Part, json: &str) -> DfResult<Self> {
+        let settings = match design {
             Design::Sccs => {
-                let d = SccsDesign::from_json(&strings[0])?;
+                let d = SccsDesign::from_json(json)?;
                 d.check()?;
                 Settings::Sccs(Arc::new(d))
             }
             Design::Cohort => {
-                let d = CohortDesign::from_json(&strings[0])?;
+                let d = CohortDesign::from_json(json)?;
                 d.check()?;
                 Settings::Cohort(Arc::new(d))
             }
         };
-        Ok(Arc::new(StudyTable {
-            name: self.name,
-            schema: part_schema(&settings, self.part),
-            settings,
-            part: self.part,
-        }))
+        Ok(StudyWork { settings, part })
+    }
+
+    /// The schema of the table the build returns.
+    pub fn schema(&self) -> SchemaRef {
+        part_schema(&self.settings, self.part)
+    }
+
+    /// Build the design in `ctx` and return the table.
+    pub async fn run(self, ctx: SessionContext) -> DfResult<RecordBatch> {
+        let schema = self.schema();
+        let tables = build(ctx, self.settings).await?;
+        let batches = match self.part {
+            Part::Outcomes => tables.outcomes,
+            Part::Covariates => tables.covariates,
+            Part::CovariateRef => tables.covariate_ref,
+            Part::Attrition => tables.attrition,
+        };
+        Ok(concat_batches(&schema, &batches)?)
     }
 }
 
@@ -133,8 +166,7 @@ impl TableFunctionImpl for StudyTableFunction {
 #[derive(Debug)]
 struct StudyTable {
     name: &'static str,
-    settings: Settings,
-    part: Part,
+    settings_json: String,
     schema: SchemaRef,
 }
 
@@ -162,31 +194,15 @@ impl TableProvider for StudyTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let state = state
-            .as_any()
-            .downcast_ref::<SessionState>()
-            .ok_or_else(|| exec_datafusion_err!("{} needs a DataFusion SessionState", self.name))?
-            .clone();
-        let (settings, part, schema) = (self.settings.clone(), self.part, self.schema.clone());
-        let producer: BatchProducer = Arc::new(move |_task| {
-            let ctx = SessionContext::new_with_state(state.clone());
-            let (settings, schema) = (settings.clone(), schema.clone());
-            Box::pin(async move {
-                let tables = build(ctx, settings).await?;
-                let batches = match part {
-                    Part::Outcomes => tables.outcomes,
-                    Part::Covariates => tables.covariates,
-                    Part::CovariateRef => tables.covariate_ref,
-                    Part::Attrition => tables.attrition,
-                };
-                Ok(concat_batches(&schema, &batches)?)
-            })
-        });
-        Ok(Arc::new(OneBatchExec::new(
-            self.name.to_string(),
-            producer,
-            self.schema.clone(),
-            projection,
+        let spec = NodeSpec::Study {
+            function: self.name.to_string(),
+            settings: self.settings_json.clone(),
+        };
+        Ok(Arc::new(EpiExec::try_new(
+            spec,
+            Vec::new(),
+            projection.cloned(),
+            Some(crate::planning::session_context(state)),
         )?))
     }
 }
