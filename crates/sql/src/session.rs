@@ -47,6 +47,12 @@ pub fn register_all(ctx: &SessionContext) {
                 f.name,
                 Arc::new(StudyTableFunction::new(f.name, design, part)),
             ),
+            SqlRole::SccsDiagnostics(part) => ctx.register_udtf(
+                f.name,
+                Arc::new(crate::study::diagnostics::SccsDiagnosticsFunction::new(
+                    f.name, part,
+                )),
+            ),
             SqlRole::DesignMatrix => {
                 ctx.register_udtf(f.name, Arc::new(DesignMatrixFunction::new(designs.clone())))
             }
