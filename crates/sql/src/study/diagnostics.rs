@@ -420,12 +420,13 @@ fn interval_row(
 async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<RecordBatch> {
     let d = &s.design;
     let t = &s.thresholds;
-    let cases = Arc::new(load_sccs(ctx, d).await?);
-    let prevalence = prevalence(ctx, d).await?;
+    // The negative controls first: a query that is not read-only is refused before any work.
     let ease_value = match &s.negative_controls {
         Some(arg) => Some(negative_control_ease(ctx, arg).await?),
         None => None,
     };
+    let cases = Arc::new(load_sccs(ctx, d).await?);
+    let prevalence = prevalence(ctx, d).await?;
     let fit_input = cases.clone();
     let (fit_result, stats) = run_blocking("sccs_diagnostics fit", move || fit_cases(&fit_input)).await?;
     let fit_ref = fit_result.as_ref();
