@@ -51,7 +51,11 @@ fn store(tag: &str, dependent_end: bool) -> PathBuf {
         let era_start = start + rng.int_range(0, 700) as i64;
         person.push_str(&format!("{p},8507,1960,1,1\n"));
         period.push_str(&format!("{p},{p},{},{}\n", date(start), date(end)));
-        era.push_str(&format!("{p},{p},5,{},{}\n", date(era_start), date(era_start + 29)));
+        era.push_str(&format!(
+            "{p},{p},5,{},{}\n",
+            date(era_start),
+            date(era_start + 29)
+        ));
         for e in events {
             k += 1;
             cond.push_str(&format!("{k},{p},7,{}\n", date(e)));

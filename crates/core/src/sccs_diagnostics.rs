@@ -651,7 +651,11 @@ mod tests {
             mdrr: 0.5,
             ..t.clone()
         };
-        assert!(bad.check().unwrap_err().to_string().contains("diagnostics.mdrr"));
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("diagnostics.mdrr"));
         let bad = DiagnosticThresholds {
             event_observation_null_bounds: [2.0, 0.5],
             ..t.clone()
@@ -665,7 +669,11 @@ mod tests {
             ease_warning: Some(0.3),
             ..t
         };
-        assert!(bad.check().unwrap_err().to_string().contains("ease_warning"));
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("ease_warning"));
     }
 
     /// The power at the MDRR found is the target power (the binary search's tolerance), and
@@ -733,7 +741,9 @@ mod tests {
             .fold(f64::NEG_INFINITY, f64::max);
         let trap = |xs: &[f64]| {
             xs.windows(2)
-                .map(|w| 0.5 * (w[1] - w[0]) * ((ll(w[0]) - scale).exp() + (ll(w[1]) - scale).exp()))
+                .map(|w| {
+                    0.5 * (w[1] - w[0]) * ((ll(w[0]) - scale).exp() + (ll(w[1]) - scale).exp())
+                })
                 .sum::<f64>()
         };
         let (l0, l1) = (trap(&xs_l0), trap(&xs_l1));
@@ -751,7 +761,11 @@ mod tests {
             let mut e = Vec::new();
             for _ in 0..months {
                 let ex = level * (0.5 + rng.uniform());
-                let f = if rng.uniform() < 0.5 { spread } else { 1.0 / spread };
+                let f = if rng.uniform() < 0.5 {
+                    spread
+                } else {
+                    1.0 / spread
+                };
                 o.push(((ex * f).round() as u64).max(1));
                 e.push(ex);
             }

@@ -142,18 +142,22 @@ fn study_doc(name: &str, design: Design, part: Part) -> Documentation {
 
 fn diagnostics_doc(name: &str, part: DiagnosticsPart) -> Documentation {
     let description = match part {
-        DiagnosticsPart::Diagnostics => "Builds the self-controlled case series design, fits it (no prior, profile \
+        DiagnosticsPart::Diagnostics => {
+            "Builds the self-controlled case series design, fits it (no prior, profile \
              intervals) and returns the OHDSI SelfControlledCaseSeries diagnostics per exposure: \
              exposure_index, exposure, covariate_id, diagnostic (mdrr, ease, time_stability, \
              event_observation, event_exposure, rare_outcome), value, threshold, status (pass, \
              warn, fail, not_computed) and notes (why a diagnostic was not computed, the \
-             interval, the counts).",
-        DiagnosticsPart::TimeToEvent => "Builds the self-controlled case series design and returns, per exposure, \
+             interval, the counts)."
+        }
+        DiagnosticsPart::TimeToEvent => {
+            "Builds the self-controlled case series design and returns, per exposure, \
              the outcomes and the cases observed in the weeks -26 to 25 around each case's first \
              exposure start (SelfControlledCaseSeries' computeTimeToEvent / \
              plotExposureCentered): exposure_index, exposure, week, start_day, end_day (days \
              since the exposure start, inclusive), observed_cases, outcomes_exposed, \
-             outcomes_unexposed.",
+             outcomes_unexposed."
+        }
     };
     Documentation::builder(SECTION, description, format!("{name}(settings)"))
         .with_argument(

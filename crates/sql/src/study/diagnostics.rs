@@ -49,7 +49,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray,
+};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
@@ -105,8 +107,9 @@ impl DiagnosticsSettings {
         };
         let thresholds: DiagnosticThresholds = match obj.remove("diagnostics") {
             None => DiagnosticThresholds::default(),
-            Some(v) => serde_json::from_value(v)
-                .or_else(|e| plan_err!("{function}: diagnostics: {e}"))?,
+            Some(v) => {
+                serde_json::from_value(v).or_else(|e| plan_err!("{function}: diagnostics: {e}"))?
+            }
         };
         thresholds
             .check()
@@ -334,7 +337,11 @@ async fn prevalence(ctx: &SessionContext, d: &SccsDesign) -> DfResult<f64> {
         Ok(if a.is_null(0) { 0.0 } else { a.value(0) })
     };
     let (with, persons) = (col("with_outcome")?, col("persons")?);
-    Ok(if persons > 0.0 { with / persons } else { f64::NAN })
+    Ok(if persons > 0.0 {
+        with / persons
+    } else {
+        f64::NAN
+    })
 }
 
 /// EASE of the negative controls (None: none given).
@@ -358,7 +365,10 @@ async fn negative_control_ease(ctx: &SessionContext, arg: &str) -> DfResult<f64>
         };
         for i in 0..l.len() {
             if l.is_null(i) || s.is_null(i) {
-                return exec_err!("negative_controls: row {} has a NULL estimate", lr.len() + 1);
+                return exec_err!(
+                    "negative_controls: row {} has a NULL estimate",
+                    lr.len() + 1
+                );
             }
             lr.push(l.value(i));
             se.push(s.value(i));
@@ -428,7 +438,8 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
     let cases = Arc::new(load_sccs(ctx, d).await?);
     let prevalence = prevalence(ctx, d).await?;
     let fit_input = cases.clone();
-    let (fit_result, stats) = run_blocking("sccs_diagnostics fit", move || fit_cases(&fit_input)).await?;
+    let (fit_result, stats) =
+        run_blocking("sccs_diagnostics fit", move || fit_cases(&fit_input)).await?;
     let fit_ref = fit_result.as_ref();
 
     // Time stability over every case of the study population.
@@ -546,7 +557,9 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
                 value: Some(e),
                 threshold: t.ease.to_string(),
                 status: classify_ease(e, t),
-                notes: Some("maximum-likelihood empirical null of the negative controls (fitNull)".into()),
+                notes: Some(
+                    "maximum-likelihood empirical null of the negative controls (fitNull)".into(),
+                ),
             },
             None => Row {
                 exposure: x,
@@ -563,15 +576,28 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
             covariate_id: None,
             diagnostic: "time_stability",
             value: Some(stability.p),
-            threshold: format!("p > {} (max ratio {})", t.time_trend_alpha, t.time_trend_max_ratio),
-            status: if stability.stable { Status::Pass } else { Status::Fail },
+            threshold: format!(
+                "p > {} (max ratio {})",
+                t.time_trend_alpha, t.time_trend_max_ratio
+            ),
+            status: if stability.stable {
+                Status::Pass
+            } else {
+                Status::Fail
+            },
             notes: Some(format!(
                 "{} months with outcomes; observed / expected ratio {}{}",
                 observed.len(),
                 stability
                     .ratio
-                    .map_or("not estimated (fewer than 2 months)".into(), |r| format!("{r:.4}")),
-                if adjusted { "; adjusted for the fitted season / calendar-time splines" } else { "" }
+                    .map_or("not estimated (fewer than 2 months)".into(), |r| format!(
+                        "{r:.4}"
+                    )),
+                if adjusted {
+                    "; adjusted for the fitted season / calendar-time splines"
+                } else {
+                    ""
+                }
             )),
         });
         // Probe.
@@ -608,8 +634,7 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
             });
         }
         for id in pre {
-            let (value, status, notes) =
-                interval_row(fit_ref, id, t.event_exposure_null_bounds);
+            let (value, status, notes) = interval_row(fit_ref, id, t.event_exposure_null_bounds);
             rows.push(Row {
                 exposure: x,
                 covariate_id: Some(id),
@@ -635,15 +660,23 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
         });
     }
     let columns: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.exposure as i64))),
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.exposure as i64),
+        )),
         Arc::new(StringArray::from_iter_values(
             rows.iter().map(|r| exposure_label(d, r.exposure)),
         )),
         Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.covariate_id))),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.diagnostic))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.diagnostic),
+        )),
         Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.value))),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.threshold.clone()))),
-        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.status.name()))),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.threshold.clone()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.status.name()),
+        )),
         Arc::new(StringArray::from_iter(rows.iter().map(|r| r.notes.clone()))),
     ];
     Ok(RecordBatch::try_new(diagnostics_schema(), columns)?)
@@ -702,13 +735,19 @@ async fn time_to_event(ctx: &SessionContext, d: &SccsDesign) -> DfResult<RecordB
         }
     }
     let columns: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0 as i64))),
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.0 as i64),
+        )),
         Arc::new(StringArray::from_iter_values(
             rows.iter().map(|r| exposure_label(d, r.0)),
         )),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .0))),
-        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .0 * 7))),
-        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .0 * 7 + 6))),
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.1 .0 * 7),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|r| r.1 .0 * 7 + 6),
+        )),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .1))),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .2))),
         Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1 .3))),

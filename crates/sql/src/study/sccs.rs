@@ -668,7 +668,13 @@ impl IntervalPlan {
     pub fn window_ids(&self) -> Vec<(usize, &RiskWindow, Vec<i64>)> {
         self.windows
             .iter()
-            .map(|w| (w.exposure, &w.window, w.ids.values().flatten().copied().collect()))
+            .map(|w| {
+                (
+                    w.exposure,
+                    &w.window,
+                    w.ids.values().flatten().copied().collect(),
+                )
+            })
             .collect()
     }
 
