@@ -12,7 +12,7 @@ use crate::study::{date, f64s, i64s, session, strings};
 
 /// Persons observed 730 days from a random start in 2015–2016, one 30-day era of concept 5,
 /// outcomes (concept 7) at 1/800 per day; with `dependent_end`, an outcome ends the observation
-/// 0–20 days later.
+/// 0–20 days later with probability 1/2.
 fn store(tag: &str, dependent_end: bool) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "epifusion-sccs-diagnostics-{tag}-{}",
@@ -44,7 +44,7 @@ fn store(tag: &str, dependent_end: bool) -> PathBuf {
                 break;
             }
             events.push(day);
-            if dependent_end {
+            if dependent_end && rng.bernoulli(0.5) {
                 end = end.min(day + rng.int_range(0, 20) as i64);
             }
         }
