@@ -4,7 +4,7 @@
 //! soon after an outcome (event-dependent observation end), so the end-of-observation probe
 //! fails there and passes in the clean store.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use epifusion_core::model::rng::Rng;
 
@@ -78,7 +78,7 @@ const SETTINGS: &str = r#"{"outcome": {"concept_ids": [7]},
   "end_of_observation_probe": 30}"#;
 
 /// (diagnostic, status, value) rows.
-async fn diagnostics(dir: &PathBuf) -> Vec<(String, String, Option<f64>)> {
+async fn diagnostics(dir: &Path) -> Vec<(String, String, Option<f64>)> {
     let ctx = session(dir).await;
     let batches = ctx
         .sql(&format!(

@@ -438,6 +438,8 @@ pub fn time_stability_log_likelihood(observed: &[u64], expected: &[f64], x: f64)
 
 /// Adaptive Simpson of `f` on [a, b].
 fn simpson(f: &dyn Fn(f64) -> f64, a: f64, b: f64, tol: f64) -> f64 {
+    // The classic recursive adaptive Simpson: interval, its three values, estimate, tolerance, depth.
+    #[allow(clippy::too_many_arguments)]
     fn rec(
         f: &dyn Fn(f64) -> f64,
         a: f64,
