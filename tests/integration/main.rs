@@ -11,6 +11,7 @@ mod golden_support;
 mod gpu_parity;
 mod oracle;
 mod pipeline;
+mod sccs_diagnostics;
 mod sccs_windows;
 mod selection;
 mod sql;

@@ -20,5 +20,6 @@ pub mod error;
 pub mod fit;
 pub mod model;
 pub mod options;
+pub mod sccs_diagnostics;
 
 pub use error::{Error, Result};

@@ -14,6 +14,7 @@ use datafusion::logical_expr::{DocSection, Documentation, Expr};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::registry::{sql_functions, SqlRole};
+use crate::study::diagnostics::DiagnosticsPart;
 use crate::study::functions::{Design, Part};
 use epifusion_core::model::ModelKind;
 
@@ -139,6 +140,43 @@ fn study_doc(name: &str, design: Design, part: Part) -> Documentation {
     .build()
 }
 
+fn diagnostics_doc(name: &str, part: DiagnosticsPart) -> Documentation {
+    let description = match part {
+        DiagnosticsPart::Diagnostics => {
+            "Builds the self-controlled case series design, fits it (no prior, profile \
+             intervals) and returns the OHDSI SelfControlledCaseSeries diagnostics per exposure: \
+             exposure_index, exposure, covariate_id, diagnostic (mdrr, ease, time_stability, \
+             event_observation, event_exposure, rare_outcome), value, threshold, status (pass, \
+             warn, fail, not_computed) and notes (why a diagnostic was not computed, the \
+             interval, the counts)."
+        }
+        DiagnosticsPart::TimeToEvent => {
+            "Builds the self-controlled case series design and returns, per exposure, \
+             the outcomes and the cases observed in the weeks -26 to 25 around each case's first \
+             exposure start (SelfControlledCaseSeries' computeTimeToEvent / \
+             plotExposureCentered): exposure_index, exposure, week, start_day, end_day (days \
+             since the exposure start, inclusive), observed_cases, outcomes_exposed, \
+             outcomes_unexposed."
+        }
+    };
+    Documentation::builder(SECTION, description, format!("{name}(settings)"))
+        .with_argument(
+            "settings",
+            format!(
+                "{SCCS_SETTINGS_DOC}; plus diagnostics (thresholds: mdrr [10], ease [0.25], \
+                 ease_warning, time_trend_max_ratio [1.1], time_trend_alpha [0.05], \
+                 rare_outcome_max_prevalence [0.1], event_observation_null_bounds [[0.5, 2]], \
+                 event_exposure_null_bounds [[0.8, 1.25]], mdrr_alpha [0.05], mdrr_power [0.8], \
+                 mdrr_two_sided [true]) and negative_controls (table name or read-only query: \
+                 log_rr, se_log_rr; for EASE)"
+            ),
+        )
+        .with_sql_example(format!(
+            "SELECT diagnostic, value, status, notes FROM {name}('{{\"outcome\": {{\"concept_ids\": [192671], \"include_descendants\": true}}, \"exposures\": [{{\"concept_ids\": [1118084], \"risk_windows\": [{{}}, {{\"start\": -30, \"end\": -1, \"end_anchor\": \"era_start\"}}]}}], \"end_of_observation_probe\": 30}}');"
+        ))
+        .build()
+}
+
 /// Documentation of every function, by name.
 pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
     static DOCS: OnceLock<BTreeMap<&'static str, Documentation>> = OnceLock::new();
@@ -203,6 +241,9 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
                         )
                         .build(),
                     );
+                }
+                SqlRole::SccsDiagnostics(part) => {
+                    m.insert(f.name, diagnostics_doc(f.name, part));
                 }
                 SqlRole::DesignMatrix | SqlRole::Functions => {}
             }

@@ -54,7 +54,7 @@ pub enum NodeSpec {
     EmpiricalNull,
     /// `calibrate_estimates`: children `negatives`, `estimates`.
     CalibrateEstimates,
-    /// A study table function (`sccs_intervals`, …): no children.
+    /// A study table function (`sccs_intervals`, …, `sccs_diagnostics`): no children.
     Study {
         /// The SQL function, e.g. `sccs_intervals` (names the design and the table).
         function: String,
@@ -100,6 +100,7 @@ enum Work {
     EmpiricalNull,
     CalibrateEstimates,
     Study(crate::study::functions::StudyWork),
+    Diagnostics(crate::study::diagnostics::DiagnosticsWork),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -158,6 +159,12 @@ impl EpiExec {
                 let schema = work.schema();
                 (Work::Study(work), schema)
             }
+            (NodeSpec::Study { function, settings }, SqlRole::SccsDiagnostics(part)) => {
+                let work =
+                    crate::study::diagnostics::DiagnosticsWork::parse(function, part, settings)?;
+                let schema = work.schema();
+                (Work::Diagnostics(work), schema)
+            }
             _ => {
                 return Err(plan_datafusion_err!(
                     "`{}` is not a function of this node kind",
@@ -165,7 +172,7 @@ impl EpiExec {
                 ))
             }
         };
-        if matches!(work, Work::Study(_)) && study_context.is_none() {
+        if matches!(work, Work::Study(_) | Work::Diagnostics(_)) && study_context.is_none() {
             return Err(plan_datafusion_err!(
                 "{}: a study build needs a session with the OMOP tables",
                 spec.function()
@@ -227,6 +234,11 @@ impl EpiExec {
                 .await
             }
             Work::Study(w) => {
+                let ctx = study_context
+                    .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
+                w.run(ctx).await
+            }
+            Work::Diagnostics(w) => {
                 let ctx = study_context
                     .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
                 w.run(ctx).await

@@ -1,12 +1,13 @@
 //! The SQL function registry: every function epifusion registers, derived from the model
 //! registry ([`epifusion_core::model::registry::MODELS`]: a table function and a `GROUP BY`
 //! aggregate per model) and the study designs ([`crate::study::functions::STUDY_FUNCTIONS`]),
-//! plus `design_matrix`, the calibration functions and `epifusion_functions`. Registration ([`crate::session::register_all`]),
+//! plus the SCCS diagnostics, `design_matrix`, the calibration functions and `epifusion_functions`. Registration ([`crate::session::register_all`]),
 //! documentation ([`crate::docs`]) and the name list derive from [`sql_functions`].
 
 use epifusion_core::model::registry::MODELS;
 use epifusion_core::model::ModelKind;
 
+use crate::study::diagnostics::DiagnosticsPart;
 use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
 
 /// What a SQL function does.
@@ -18,6 +19,8 @@ pub enum SqlRole {
     FitAggregate(ModelKind),
     /// A study-design table function.
     Study(Design, Part),
+    /// `sccs_diagnostics(settings)` / `sccs_time_to_event(settings)`.
+    SccsDiagnostics(DiagnosticsPart),
     /// `design_matrix(…)`.
     DesignMatrix,
     /// `empirical_null(negatives)`.
@@ -64,6 +67,14 @@ pub fn sql_functions() -> Vec<SqlFunction> {
         .chain(studies)
         .chain([
             SqlFunction {
+                name: "sccs_diagnostics",
+                role: SqlRole::SccsDiagnostics(DiagnosticsPart::Diagnostics),
+            },
+            SqlFunction {
+                name: "sccs_time_to_event",
+                role: SqlRole::SccsDiagnostics(DiagnosticsPart::TimeToEvent),
+            },
+            SqlFunction {
                 name: "design_matrix",
                 role: SqlRole::DesignMatrix,
             },
@@ -104,6 +115,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 2 * MODELS.len() + STUDY_FUNCTIONS.len() + 4);
+        assert_eq!(n, 2 * MODELS.len() + STUDY_FUNCTIONS.len() + 6);
     }
 }

@@ -80,6 +80,9 @@ fn table_function(
         SqlRole::Fit(model) => Arc::new(FitTableFunction::new(name, model, designs.clone())),
         SqlRole::FitAggregate(_) => return None,
         SqlRole::Study(design, part) => Arc::new(StudyTableFunction::new(name, design, part)),
+        SqlRole::SccsDiagnostics(part) => Arc::new(
+            crate::study::diagnostics::SccsDiagnosticsFunction::new(name, part),
+        ),
         SqlRole::DesignMatrix => Arc::new(DesignMatrixFunction::new(designs.clone())),
         SqlRole::EmpiricalNull => Arc::new(crate::calibration::EmpiricalNullFunction),
         SqlRole::CalibrateEstimates => Arc::new(crate::calibration::CalibrateEstimatesFunction),

@@ -663,6 +663,35 @@ fn next_month_start(day: i64) -> i64 {
 }
 
 impl IntervalPlan {
+    /// The risk-window covariates: (exposure index, window, covariate ids of its sub-windows
+    /// over every concept group).
+    pub fn window_ids(&self) -> Vec<(usize, &RiskWindow, Vec<i64>)> {
+        self.windows
+            .iter()
+            .map(|w| {
+                (
+                    w.exposure,
+                    &w.window,
+                    w.ids.values().flatten().copied().collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// The probe's length in days, when the design has one.
+    pub fn probe_days(&self) -> Option<i64> {
+        self.probe
+    }
+
+    /// Season and calendar-time spline covariates (ids 201+, 301+) of the calendar month
+    /// containing `day`, as the intervals carry them.
+    pub fn season_calendar_covariates(&self, day: i64) -> Vec<(i64, f64)> {
+        let mut out = Vec::new();
+        self.month_covariates(day, None, &mut out);
+        out.retain(|&(id, _)| id >= SEASON_BASE);
+        out
+    }
+
     fn has_splines(&self) -> bool {
         self.age.is_some() || self.season.is_some() || self.calendar.is_some()
     }
@@ -1088,8 +1117,24 @@ fn window_name(w: &RiskWindow) -> String {
     })
 }
 
-/// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
-pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyTables> {
+/// A design's study population and per-case data, before the intervals are cut (what
+/// [`build_sccs`] and the diagnostics of [`super::diagnostics`] start from).
+#[derive(Debug, Clone)]
+pub struct SccsCases {
+    /// The kept cases (the study population).
+    pub kept: Vec<CaseRow>,
+    /// Each kept case's window, outcomes and eras (same order).
+    pub data: Vec<CaseData>,
+    /// The interval plan.
+    pub plan: IntervalPlan,
+    /// The covariate reference.
+    pub refs: Vec<CovariateRef>,
+    /// Attrition rows (description, persons, cases, outcomes) so far.
+    pub attrition: Vec<(String, i64, i64, i64)>,
+}
+
+/// Load a design's study population, outcomes and eras from the OMOP tables in `ctx`.
+pub async fn load_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCases> {
     d.check()?;
     // 1. Study population (with the exposure's observed calendar range, when asked for).
     let era_range = match d.restrict_time_to_exposure {
@@ -1113,7 +1158,7 @@ pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyT
         None => None,
     };
     let cases = read_cases(&query(ctx, &d.cases_sql(era_range)?).await?)?;
-    let mut attrition = population_attrition(d, &cases);
+    let attrition = population_attrition(d, &cases);
     let kept: Vec<CaseRow> = cases.into_iter().filter(|c| c.dropped_at == 0).collect();
 
     // 2. Outcomes and eras of the kept cases.
@@ -1210,6 +1255,24 @@ pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyT
     let (windows, mut refs) = window_covariates(d, &concepts)?;
     let plan = interval_plan(d, windows, &data)?;
     refs.extend(fixed_refs(d, &plan));
+    Ok(SccsCases {
+        kept,
+        data,
+        plan,
+        refs,
+        attrition,
+    })
+}
+
+/// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
+pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyTables> {
+    let SccsCases {
+        kept,
+        data,
+        plan,
+        mut refs,
+        mut attrition,
+    } = load_sccs(ctx, d).await?;
     let kept_meta: Vec<(i64, Option<i64>)> = kept
         .iter()
         .map(|c| (c.person_id, c.observation_period_id))
