@@ -305,7 +305,9 @@ impl Population {
                     if n[a] == 0.0 {
                         (0.0, 0.0)
                     } else {
-                        let sd = ((raw_sq[a] - raw[a] * raw[a] / n[a]) / n[a]).max(0.0).sqrt();
+                        let sd = ((raw_sq[a] - raw[a] * raw[a] / n[a]) / n[a])
+                            .max(0.0)
+                            .sqrt();
                         (raw[a] / n[a], sd)
                     }
                 };
@@ -397,7 +399,12 @@ impl Population {
 }
 
 /// A weighted mode: normalize `w` per arm and `overall` over everyone.
-fn weighted(arm: &[u8], mut w: Vec<f64>, mut overall: Vec<f64>, strata: Option<StrataInfo>) -> Result<Mode> {
+fn weighted(
+    arm: &[u8],
+    mut w: Vec<f64>,
+    mut overall: Vec<f64>,
+    strata: Option<StrataInfo>,
+) -> Result<Mode> {
     let mut sum = [0.0f64; 2];
     for (p, &a) in arm.iter().enumerate() {
         sum[a as usize] += w[p];
@@ -405,7 +412,7 @@ fn weighted(arm: &[u8], mut w: Vec<f64>, mut overall: Vec<f64>, strata: Option<S
     let total: f64 = overall.iter().sum();
     for (a, name) in [(0, "comparator"), (1, "target")] {
         let present = arm.iter().any(|&x| x as usize == a);
-        if present && !(sum[a] > 0.0) {
+        if present && !(sum[a].is_finite() && sum[a] > 0.0) {
             return Err(Error::option(
                 "iptw",
                 format!("the {name} arm's weights sum to 0"),
@@ -518,7 +525,9 @@ mod tests {
     use crate::model::rng::Rng;
 
     fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() <= 1e-10 * (1.0 + a.abs().max(b.abs())) || (a.is_nan() && b.is_nan()) || a == b
+        (a - b).abs() <= 1e-10 * (1.0 + a.abs().max(b.abs()))
+            || (a.is_nan() && b.is_nan())
+            || a == b
     }
 
     #[test]
@@ -526,7 +535,8 @@ mod tests {
         // Target 4 subjects, covariate present in 2 → mean 0.5, sd √(0.25) = 0.5;
         // comparator 4 subjects, present in 1 → 0.25, sd √(3/16).
         let t = [true, true, true, true, false, false, false, false];
-        let x = SparseCovariates::from_triplets(8, &[(0, 1, 1.0), (1, 1, 1.0), (4, 1, 1.0)]).unwrap();
+        let x =
+            SparseCovariates::from_triplets(8, &[(0, 1, 1.0), (1, 1, 1.0), (4, 1, 1.0)]).unwrap();
         let m = covariate_means(&t, &x, None, Adjustment::None).unwrap();
         let s = m[0].unwrap();
         assert!(close(s.mean_target, 0.5) && close(s.mean_comparator, 0.25));
@@ -536,7 +546,10 @@ mod tests {
         assert!(close(s.sdm_variance, 8.0 / 16.0 + d * d / 12.0));
         assert!(close(s.mean, 3.0 / 8.0));
         // CohortMethod's across-arm SD: √(|3/8 − 9/64| / (1 − 3/64)).
-        assert!(close(s.sd, ((3.0 / 8.0 - 9.0 / 64.0) / (1.0 - 3.0 / 64.0f64)).sqrt()));
+        assert!(close(
+            s.sd,
+            ((3.0 / 8.0 - 9.0 / 64.0) / (1.0 - 3.0 / 64.0f64)).sqrt()
+        ));
         assert_eq!((s.sum_target, s.sum_comparator), (2.0, 1.0));
     }
 
@@ -569,8 +582,15 @@ mod tests {
     fn dense_stats(x: &[f64], t: &[bool], w: &[f64]) -> (f64, f64, f64, f64, f64) {
         let arm = |a: bool| {
             let sw: f64 = (0..x.len()).filter(|&i| t[i] == a).map(|i| w[i]).sum();
-            let mean: f64 = (0..x.len()).filter(|&i| t[i] == a).map(|i| w[i] * x[i]).sum::<f64>() / sw;
-            let sw2: f64 = (0..x.len()).filter(|&i| t[i] == a).map(|i| (w[i] / sw).powi(2)).sum();
+            let mean: f64 = (0..x.len())
+                .filter(|&i| t[i] == a)
+                .map(|i| w[i] * x[i])
+                .sum::<f64>()
+                / sw;
+            let sw2: f64 = (0..x.len())
+                .filter(|&i| t[i] == a)
+                .map(|i| (w[i] / sw).powi(2))
+                .sum();
             let var: f64 = (0..x.len())
                 .filter(|&i| t[i] == a)
                 .map(|i| w[i] / sw * (x[i] - mean).powi(2))
@@ -580,7 +600,13 @@ mod tests {
         };
         let (mt, st) = arm(true);
         let (mc, sc) = arm(false);
-        (mt, mc, st, sc, (mt - mc) / ((st * st + sc * sc) / 2.0).sqrt())
+        (
+            mt,
+            mc,
+            st,
+            sc,
+            (mt - mc) / ((st * st + sc * sc) / 2.0).sqrt(),
+        )
     }
 
     #[test]
@@ -609,7 +635,8 @@ mod tests {
             let x = SparseCovariates::from_triplets(n, &entries).unwrap();
             let kept: Vec<usize> = (0..n).filter(|&i| i < 4 || rng.bernoulli(0.8)).collect();
             let kt: Vec<bool> = kept.iter().map(|&i| t[i]).collect();
-            let (weights, adj_w, strata): (Vec<f64>, Vec<f64>, Option<Vec<i64>>) = if case % 2 == 0 {
+            let (weights, adj_w, strata): (Vec<f64>, Vec<f64>, Option<Vec<i64>>) = if case % 2 == 0
+            {
                 let w: Vec<f64> = kept.iter().map(|_| 0.2 + 3.0 * rng.uniform()).collect();
                 (w.clone(), w, None)
             } else {
@@ -623,7 +650,11 @@ mod tests {
                 for (p, &id) in s.iter().enumerate() {
                     *size.entry((id, kt[p])).or_insert(0.0) += 1.0;
                 }
-                let w: Vec<f64> = s.iter().enumerate().map(|(p, &id)| 1.0 / size[&(id, kt[p])]).collect();
+                let w: Vec<f64> = s
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &id)| 1.0 / size[&(id, kt[p])])
+                    .collect();
                 (w.clone(), w, Some(s))
             };
             let adj = match &strata {
@@ -631,15 +662,19 @@ mod tests {
                 None => Adjustment::Iptw(&adj_w),
             };
             let got = covariate_means(&t, &x, Some(&kept), adj).unwrap();
-            for j in 0..x.n_covariates() {
+            for (j, g) in got.iter().enumerate() {
                 let mut dense = vec![0.0; n];
                 for (r, v) in x.column(j) {
                     dense[r] = v;
                 }
                 let xk: Vec<f64> = kept.iter().map(|&i| dense[i]).collect();
                 let (mt, mc, st, sc, d) = dense_stats(&xk, &kt, &weights);
-                let Some(g) = got[j] else { continue };
-                assert!(close(g.mean_target, mt), "case {case}: {} {mt}", g.mean_target);
+                let Some(g) = g else { continue };
+                assert!(
+                    close(g.mean_target, mt),
+                    "case {case}: {} {mt}",
+                    g.mean_target
+                );
                 assert!(close(g.mean_comparator, mc), "case {case}");
                 assert!(close(g.sd_target, st), "case {case}: {} {st}", g.sd_target);
                 assert!(close(g.sd_comparator, sc), "case {case}");
@@ -655,7 +690,13 @@ mod tests {
         let t = [true, true, true, true, false, false, false, false];
         let x = SparseCovariates::from_triplets(
             8,
-            &[(0, 1, 1.0), (2, 1, 1.0), (3, 1, 1.0), (4, 1, 1.0), (6, 2, 1.0)],
+            &[
+                (0, 1, 1.0),
+                (2, 1, 1.0),
+                (3, 1, 1.0),
+                (4, 1, 1.0),
+                (6, 2, 1.0),
+            ],
         )
         .unwrap();
         let kept = [0, 1, 4, 5];
@@ -676,7 +717,11 @@ mod tests {
         assert!(b.covariates[1].after.is_none());
         assert!(b.covariates[1].target_std_diff.is_nan());
         assert_eq!(b.max_abs_std_diff_after, Some(0.0));
-        let before_max = b.covariates.iter().map(|c| c.before.unwrap().std_diff.abs()).fold(0.0, f64::max);
+        let before_max = b
+            .covariates
+            .iter()
+            .map(|c| c.before.unwrap().std_diff.abs())
+            .fold(0.0, f64::max);
         assert_eq!(b.max_abs_std_diff_before, Some(before_max));
         // Target before vs after: (0.75 − 0.5)/√((3/16 + 1/4)/2).
         let want = 0.25 / ((3.0 / 16.0 + 0.25) / 2.0f64).sqrt();

@@ -66,10 +66,16 @@ impl DiagnosticThresholds {
             ("ease_threshold", self.ease_threshold),
             ("sdm_threshold", self.sdm_threshold),
             ("equipoise_threshold", self.equipoise_threshold),
-            ("generalizability_sdm_threshold", self.generalizability_sdm_threshold),
+            (
+                "generalizability_sdm_threshold",
+                self.generalizability_sdm_threshold,
+            ),
         ] {
-            if !(v >= 0.0) {
-                return Err(Error::option(name, format!("must be a number ≥ 0 (got {v})")));
+            if v.is_nan() || v < 0.0 {
+                return Err(Error::option(
+                    name,
+                    format!("must be a number ≥ 0 (got {v})"),
+                ));
             }
         }
         Ok(())
@@ -146,7 +152,10 @@ pub struct Diagnostics {
 }
 
 /// Judge `values` against `thresholds` (see the module documentation).
-pub fn evaluate(values: &DiagnosticValues, thresholds: &DiagnosticThresholds) -> Result<Diagnostics> {
+pub fn evaluate(
+    values: &DiagnosticValues,
+    thresholds: &DiagnosticThresholds,
+) -> Result<Diagnostics> {
     thresholds.check()?;
     let t = thresholds;
     let balance = Outcome::of(values.max_sdm, |v| v < t.sdm_threshold);
@@ -208,7 +217,8 @@ mod tests {
         .unwrap();
         assert!(!ok.unblind && ok.unblind_for_evidence_synthesis);
         assert_eq!(Outcome::NotEvaluated.label(), "NOT EVALUATED");
-        let t: DiagnosticThresholds = serde_json::from_str(r#"{"equipoise_threshold": 0.1}"#).unwrap();
+        let t: DiagnosticThresholds =
+            serde_json::from_str(r#"{"equipoise_threshold": 0.1}"#).unwrap();
         assert_eq!(t.sdm_threshold, 0.1);
         assert!(serde_json::from_str::<DiagnosticThresholds>(r#"{"sdm": 0.1}"#).is_err());
         assert!(DiagnosticThresholds {

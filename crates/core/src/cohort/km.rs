@@ -59,7 +59,10 @@ pub fn kaplan_meier(time: &[f64], event: &[bool], weight: Option<&[f64]>) -> Res
     let n = time.len();
     check_len("event", event.len(), n)?;
     if let Some(k) = time.iter().position(|t| !t.is_finite()) {
-        return Err(Error::option("time", format!("element {k} is {}: times must be finite", time[k])));
+        return Err(Error::option(
+            "time",
+            format!("element {k} is {}: times must be finite", time[k]),
+        ));
     }
     if let Some(w) = weight {
         check_len("weight", w.len(), n)?;
@@ -106,11 +109,19 @@ pub fn kaplan_meier(time: &[f64], event: &[bool], weight: Option<&[f64]>) -> Res
     }
     let (mut s, mut part) = (1.0f64, 0.0f64);
     for (g, &(t, a, b)) in groups.iter().enumerate() {
-        let d: f64 = order[a..b].iter().filter(|&&i| event[i]).map(|&i| w(i)).sum();
+        let d: f64 = order[a..b]
+            .iter()
+            .filter(|&&i| event[i])
+            .map(|&i| w(i))
+            .sum();
         let rate = if y[g] > 0.0 { 1.0 - d / y[g] } else { 1.0 };
         s *= rate;
         let (var, lower, upper) = if weight.is_none() {
-            part += if d > 0.0 { d / (y[g] * (y[g] - d)) } else { 0.0 };
+            part += if d > 0.0 {
+                d / (y[g] * (y[g] - d))
+            } else {
+                0.0
+            };
             let se = part.sqrt();
             let (lo, hi) = if s > 0.0 {
                 (s * (-z * se).exp(), (s * (z * se).exp()).min(1.0))
@@ -119,7 +130,11 @@ pub fn kaplan_meier(time: &[f64], event: &[bool], weight: Option<&[f64]>) -> Res
             };
             (s * s * part, lo, hi)
         } else {
-            let effective = if y2[g] > 0.0 { y[g] * y[g] / y2[g] } else { f64::INFINITY };
+            let effective = if y2[g] > 0.0 {
+                y[g] * y[g] / y2[g]
+            } else {
+                f64::INFINITY
+            };
             part += (1.0 - rate) / effective;
             let var = s * s * part;
             let bound = |zq: f64| s.powf((zq / s.ln() * var.sqrt() / s).exp());
@@ -167,7 +182,10 @@ pub fn km_adjustment_weights(
     if 2 * ids.len() == n {
         return Ok((KmAdjustment::Unadjusted, vec![Some(1.0); n]));
     }
-    let index: Vec<usize> = strata.iter().map(|s| ids.partition_point(|x| x < s)).collect();
+    let index: Vec<usize> = strata
+        .iter()
+        .map(|s| ids.partition_point(|x| x < s))
+        .collect();
     let mut size = vec![[0usize; 2]; ids.len()];
     for (i, &s) in index.iter().enumerate() {
         size[s][usize::from(treatment[i])] += 1;
@@ -259,7 +277,9 @@ pub fn kaplan_meier_by_arm(
     check_len("event", event.len(), n)?;
     let (adjustment, w) = km_adjustment_weights(treatment, stratum_id, propensity_score)?;
     let arm = |a: bool| {
-        let idx: Vec<usize> = (0..n).filter(|&i| treatment[i] == a && w[i].is_some()).collect();
+        let idx: Vec<usize> = (0..n)
+            .filter(|&i| treatment[i] == a && w[i].is_some())
+            .collect();
         let t: Vec<f64> = idx.iter().map(|&i| time[i]).collect();
         let e: Vec<bool> = idx.iter().map(|&i| event[i]).collect();
         let wt: Vec<f64> = idx.iter().map(|&i| w[i].unwrap_or(0.0)).collect();
@@ -314,10 +334,17 @@ pub fn follow_up_distribution(
 ) -> Result<FollowUpDistribution> {
     check_len("time_at_risk", time_at_risk.len(), treatment.len())?;
     if let Some(k) = time_at_risk.iter().position(|t| !t.is_finite()) {
-        return Err(Error::option("time_at_risk", format!("element {k} is not finite")));
+        return Err(Error::option(
+            "time_at_risk",
+            format!("element {k} is not finite"),
+        ));
     }
-    if settings.quantiles.is_empty() || settings.quantiles.iter().any(|q| !(0.0..=1.0).contains(q)) {
-        return Err(Error::option("quantiles", "must be a non-empty list of numbers in [0, 1]"));
+    if settings.quantiles.is_empty() || settings.quantiles.iter().any(|q| !(0.0..=1.0).contains(q))
+    {
+        return Err(Error::option(
+            "quantiles",
+            "must be a non-empty list of numbers in [0, 1]",
+        ));
     }
     let arm = |a: bool| {
         let mut v: Vec<f64> = treatment
@@ -330,7 +357,13 @@ pub fn follow_up_distribution(
         settings
             .quantiles
             .iter()
-            .map(|&q| if v.is_empty() { f64::NAN } else { quantile_type7(&v, q) })
+            .map(|&q| {
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    quantile_type7(&v, q)
+                }
+            })
             .collect::<Vec<f64>>()
     };
     Ok(FollowUpDistribution {
@@ -385,8 +418,14 @@ mod tests {
         times.dedup();
         let mut s = 1.0;
         for &u in times.iter().filter(|&&u| u <= t) {
-            let y: f64 = (0..time.len()).filter(|&i| time[i] >= u).map(|i| w[i]).sum();
-            let d: f64 = (0..time.len()).filter(|&i| time[i] == u && event[i]).map(|i| w[i]).sum();
+            let y: f64 = (0..time.len())
+                .filter(|&i| time[i] >= u)
+                .map(|i| w[i])
+                .sum();
+            let d: f64 = (0..time.len())
+                .filter(|&i| time[i] == u && event[i])
+                .map(|i| w[i])
+                .sum();
             s *= 1.0 - d / y;
         }
         s
@@ -432,7 +471,15 @@ mod tests {
         assert_eq!(a, KmAdjustment::Stratified);
         assert_eq!(
             w,
-            vec![Some(1.0), Some(1.0), Some(2.0), None, Some(1.0), Some(1.0), None]
+            vec![
+                Some(1.0),
+                Some(1.0),
+                Some(2.0),
+                None,
+                Some(1.0),
+                Some(1.0),
+                None
+            ]
         );
         let time = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
         let curves = kaplan_meier_by_arm(&t, &time, &[true; 7], Some(&strata), None).unwrap();
@@ -443,7 +490,8 @@ mod tests {
     #[test]
     fn follow_up() {
         let t = [true, true, true, false];
-        let d = follow_up_distribution(&t, &[10.0, 20.0, 30.0, 5.0], &FollowUpSettings::default()).unwrap();
+        let d = follow_up_distribution(&t, &[10.0, 20.0, 30.0, 5.0], &FollowUpSettings::default())
+            .unwrap();
         assert_eq!(d.target[0], 10.0);
         assert_eq!(d.target[3], 20.0);
         assert_eq!(d.target[6], 30.0);

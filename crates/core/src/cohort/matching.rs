@@ -220,7 +220,11 @@ pub fn match_on_ps(
     let groups: Vec<Vec<usize>> = match strata {
         None => vec![(0..n).collect()],
         Some(s) => {
-            let mut by: Vec<(i64, usize)> = order.iter().enumerate().map(|(pos, &i)| (s[i], pos)).collect();
+            let mut by: Vec<(i64, usize)> = order
+                .iter()
+                .enumerate()
+                .map(|(pos, &i)| (s[i], pos))
+                .collect();
             by.sort_by_key(|&(id, pos)| (id, pos));
             let mut groups: Vec<Vec<usize>> = Vec::new();
             let mut last = None;
@@ -638,7 +642,8 @@ mod tests {
                 .unwrap();
         assert_eq!(s.caliper_scale, CaliperScale::StandardizedLogit);
         assert_eq!(s.max_ratio, 4);
-        let s: MatchSettings = serde_json::from_str(r#"{"caliper_scale": "propensity_score"}"#).unwrap();
+        let s: MatchSettings =
+            serde_json::from_str(r#"{"caliper_scale": "propensity_score"}"#).unwrap();
         assert_eq!(s.caliper_scale, CaliperScale::PropensityScore);
         assert!(serde_json::from_str::<MatchSettings>(r#"{"ratio": 4}"#).is_err());
         assert!(MatchSettings {
@@ -690,7 +695,10 @@ mod tests {
                 let targets: Vec<usize> = ms.iter().copied().filter(|&i| t[i]).collect();
                 assert_eq!(targets.len(), 1, "case {case}");
                 let nc = ms.len() - 1;
-                assert!(nc >= 1 && (max_ratio == 0 || nc <= max_ratio), "case {case}");
+                assert!(
+                    nc >= 1 && (max_ratio == 0 || nc <= max_ratio),
+                    "case {case}"
+                );
                 for &c in ms.iter().filter(|&&i| !t[i]) {
                     let d = (scale_of(ps[targets[0]]) - scale_of(ps[c])).abs();
                     assert!(m.caliper.is_none_or(|cal| d < cal), "case {case}");
@@ -704,7 +712,11 @@ mod tests {
             let r = reference(
                 &score,
                 &tt,
-                if max_ratio == 0 { UNLIMITED_RATIO } else { max_ratio },
+                if max_ratio == 0 {
+                    UNLIMITED_RATIO
+                } else {
+                    max_ratio
+                },
                 m.caliper.unwrap_or(NO_CALIPER),
             );
             let mut back = vec![-1i64; n];

@@ -169,7 +169,7 @@ impl SparseCovariates {
             .filter(|e| e.2 != 0.0)
             .map(|&(r, id, v)| (id, r, v))
             .collect();
-        e.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        e.sort_unstable_by_key(|a| (a.0, a.1));
         let indicator = e.iter().all(|x| x.2 == 1.0);
         let mut ids = Vec::new();
         let mut col_ptr = vec![0usize];
@@ -196,13 +196,7 @@ impl SparseCovariates {
         if !ids.is_empty() {
             col_ptr.push(rows.len());
         }
-        SparseCovariates::new(
-            n_rows,
-            ids,
-            col_ptr,
-            rows,
-            (!indicator).then_some(values),
-        )
+        SparseCovariates::new(n_rows, ids, col_ptr, rows, (!indicator).then_some(values))
     }
 
     /// Number of subjects (rows).
@@ -242,8 +236,7 @@ impl SparseCovariates {
     /// The same covariates restricted to the subjects `keep` (indices into `0..n_rows`,
     /// strictly increasing), renumbered `0..keep.len()` in that order.
     pub fn subset_rows(&self, keep: &[usize]) -> Result<Self> {
-        if keep.windows(2).any(|w| w[1] <= w[0]) || keep.last().is_some_and(|&k| k >= self.n_rows)
-        {
+        if keep.windows(2).any(|w| w[1] <= w[0]) || keep.last().is_some_and(|&k| k >= self.n_rows) {
             return Err(Error::option(
                 "keep",
                 "must be strictly increasing subject indices below n_rows",
@@ -311,7 +304,12 @@ impl Attrition {
     }
 
     /// Append a step with given counts.
-    pub fn push_counts(&mut self, description: impl Into<String>, target: usize, comparator: usize) {
+    pub fn push_counts(
+        &mut self,
+        description: impl Into<String>,
+        target: usize,
+        comparator: usize,
+    ) {
         self.steps.push(AttritionStep {
             description: description.into(),
             target,
@@ -372,7 +370,10 @@ pub(crate) fn check_ps(ps: &[f64]) -> Result<()> {
     if let Some(k) = ps.iter().position(|p| !(*p >= 0.0 && *p <= 1.0)) {
         return Err(Error::option(
             "propensity_score",
-            format!("element {k} is {}: a propensity score must be in [0, 1]", ps[k]),
+            format!(
+                "element {k} is {}: a propensity score must be in [0, 1]",
+                ps[k]
+            ),
         ));
     }
     Ok(())
@@ -398,8 +399,8 @@ mod tests {
 
     #[test]
     fn triplets_build_sorted_columns() {
-        let x =
-            SparseCovariates::from_triplets(4, &[(3, 20, 1.0), (0, 10, 1.0), (1, 20, 1.0)]).unwrap();
+        let x = SparseCovariates::from_triplets(4, &[(3, 20, 1.0), (0, 10, 1.0), (1, 20, 1.0)])
+            .unwrap();
         assert_eq!(x.ids(), &[10, 20]);
         assert!(x.is_indicator());
         assert_eq!(x.column(1).collect::<Vec<_>>(), vec![(1, 1.0), (3, 1.0)]);
@@ -422,8 +423,8 @@ mod tests {
 
     #[test]
     fn subset_renumbers() {
-        let x = SparseCovariates::from_triplets(4, &[(0, 1, 1.0), (2, 1, 1.0), (3, 2, 1.0)])
-            .unwrap();
+        let x =
+            SparseCovariates::from_triplets(4, &[(0, 1, 1.0), (2, 1, 1.0), (3, 2, 1.0)]).unwrap();
         let s = x.subset_rows(&[2, 3]).unwrap();
         assert_eq!(s.n_rows(), 2);
         assert_eq!(s.column(0).collect::<Vec<_>>(), vec![(0, 1.0)]);

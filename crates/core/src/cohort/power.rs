@@ -78,7 +78,12 @@ impl MdrrSettings {
 
 /// CohortMethod's `computeMdrrFromAggregateStats`: the MDRR from the target share `p_target`,
 /// the subjects with an outcome `total_events` and all subjects `total_subjects`.
-pub fn mdrr(p_target: f64, total_events: usize, total_subjects: usize, settings: &MdrrSettings) -> Result<f64> {
+pub fn mdrr(
+    p_target: f64,
+    total_events: usize,
+    total_subjects: usize,
+    settings: &MdrrSettings,
+) -> Result<f64> {
     settings.check()?;
     if !(p_target > 0.0 && p_target < 1.0) {
         return Err(Error::option(
@@ -103,7 +108,9 @@ pub fn mdrr(p_target: f64, total_events: usize, total_subjects: usize, settings:
     let z_beta = -normal_quantile(1.0 - settings.power);
     let e = total_events as f64;
     Ok(match settings.model_type {
-        PowerModel::Cox => ((z_beta + z_alpha).powi(2) / (e * p_target * (1.0 - p_target))).sqrt().exp(),
+        PowerModel::Cox => ((z_beta + z_alpha).powi(2) / (e * p_target * (1.0 - p_target)))
+            .sqrt()
+            .exp(),
         PowerModel::Logistic => {
             let baseline = e / total_subjects as f64;
             let se = (1.0 / (e * (1.0 - baseline))).sqrt();
@@ -143,7 +150,10 @@ pub fn mdrr_summary(
     check_len("outcome_count", outcome_count.len(), n)?;
     check_len("time_at_risk", time_at_risk.len(), n)?;
     if let Some(k) = time_at_risk.iter().position(|t| !t.is_finite()) {
-        return Err(Error::option("time_at_risk", format!("element {k} is not finite")));
+        return Err(Error::option(
+            "time_at_risk",
+            format!("element {k} is not finite"),
+        ));
     }
     let target_subjects = treatment.iter().filter(|&&t| t).count();
     let comparator_subjects = n - target_subjects;
@@ -181,14 +191,19 @@ mod tests {
         let z: f64 = 1.959_963_984_540_054 + 0.841_621_233_572_914_3;
         assert!((m - (z * z / 25.0).sqrt().exp()).abs() < 1e-12);
         assert!((m - 1.751).abs() < 1e-3);
-        assert_eq!(mdrr(0.5, 0, 10, &MdrrSettings::default()).unwrap(), f64::INFINITY);
+        assert_eq!(
+            mdrr(0.5, 0, 10, &MdrrSettings::default()).unwrap(),
+            f64::INFINITY
+        );
         // One-sided uses z_{1−α}.
         let one = MdrrSettings {
             two_sided: false,
             ..Default::default()
         };
         let z1: f64 = 1.644_853_626_951_472_2 + 0.841_621_233_572_914_3;
-        assert!((mdrr(0.5, 100, 1000, &one).unwrap() - (z1 * z1 / 25.0).sqrt().exp()).abs() < 1e-12);
+        assert!(
+            (mdrr(0.5, 100, 1000, &one).unwrap() - (z1 * z1 / 25.0).sqrt().exp()).abs() < 1e-12
+        );
     }
 
     #[test]
@@ -208,8 +223,17 @@ mod tests {
     #[test]
     fn summary_and_errors() {
         let t = [true, true, false, false];
-        let s = mdrr_summary(&t, &[1, 0, 2, 0], &[10.0, 20.0, 5.0, 5.0], &MdrrSettings::default()).unwrap();
-        assert_eq!((s.target_subjects, s.comparator_subjects, s.total_outcomes), (2, 2, 2));
+        let s = mdrr_summary(
+            &t,
+            &[1, 0, 2, 0],
+            &[10.0, 20.0, 5.0, 5.0],
+            &MdrrSettings::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.target_subjects, s.comparator_subjects, s.total_outcomes),
+            (2, 2, 2)
+        );
         assert_eq!((s.target_days, s.comparator_days), (30.0, 10.0));
         assert!((s.se - 1.0 / (0.5f64).sqrt()).abs() < 1e-12);
         assert!(mdrr(0.0, 1, 2, &MdrrSettings::default()).is_err());

@@ -120,7 +120,10 @@ mod tests {
         for (a, b) in f.iter().zip(ps) {
             assert!((a - b).abs() < 1e-15);
         }
-        assert_eq!(equipoise(&t, &ps, &EquipoiseSettings::default()).unwrap(), 0.5);
+        assert_eq!(
+            equipoise(&t, &ps, &EquipoiseSettings::default()).unwrap(),
+            0.5
+        );
         // P = 1/4, S = 1/4: odds ratio 1 → F = 1/2. S = 1/2 → F = 3/4.
         let t = [true, false, false, false];
         let f = preference_scores(&t, &[0.25, 0.5, 0.0, 1.0], None).unwrap();

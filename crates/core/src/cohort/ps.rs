@@ -141,7 +141,10 @@ impl PsSettings {
         if !(self.starting_variance.is_finite() && self.starting_variance > 0.0) {
             return Err(Error::option(
                 "starting_variance",
-                format!("must be a finite number > 0 (got {})", self.starting_variance),
+                format!(
+                    "must be a finite number > 0 (got {})",
+                    self.starting_variance
+                ),
             ));
         }
         if !(self.tolerance.is_finite() && self.tolerance > 0.0) {
@@ -238,7 +241,7 @@ pub fn univariable_correlations(
             }
             let mean = sx / nf;
             let var_x = sxx / nf - mean * mean;
-            if !(var_t > 0.0) || !(var_x > 1e-12 * (sxx / nf)) {
+            if var_t <= 0.0 || var_x.is_nan() || var_x <= 1e-12 * (sxx / nf) {
                 return None;
             }
             let cov = sxt / nf - mean * p;
@@ -291,7 +294,9 @@ pub fn fit_propensity(
     let n = treatment.len();
     check_len("covariates", covariates.n_rows(), n)?;
     if n == 0 {
-        return Err(Error::Empty("no subjects, so cannot fit a propensity model".into()));
+        return Err(Error::Empty(
+            "no subjects, so cannot fit a propensity model".into(),
+        ));
     }
     let n_target = treatment.iter().filter(|&&t| t).count();
     if n_target == 0 || n_target == n {
@@ -423,8 +428,12 @@ pub fn fit_propensity(
     coefficients.sort_unstable_by_key(|c| c.0);
     let propensity_score: Vec<f64> = eta.iter().map(|&e| round10(logistic(e))).collect();
 
-    let (mut min_t, mut max_t, mut min_c, mut max_c) =
-        (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+    let (mut min_t, mut max_t, mut min_c, mut max_c) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
     for (&t, &p) in treatment.iter().zip(&propensity_score) {
         if t {
             min_t = min_t.min(p);
@@ -519,7 +528,11 @@ mod tests {
             for j in 0..4i64 {
                 for i in 0..n {
                     if rng.bernoulli(0.3) {
-                        let v = if j == 3 { rng.uniform_range(-2.0, 2.0) } else { 1.0 };
+                        let v = if j == 3 {
+                            rng.uniform_range(-2.0, 2.0)
+                        } else {
+                            1.0
+                        };
                         entries.push((i as u32, j, v));
                     }
                 }
@@ -613,8 +626,16 @@ mod tests {
         let f = fit_propensity(&t, &x, &s).unwrap();
         assert_eq!(f.status, FitStatus::Converged);
         assert!((f.variance - 1.0).abs() < 1e-12);
-        let beta = |id| f.coefficients.iter().find(|c| c.0 == id).map_or(0.0, |c| c.1);
-        assert!(beta(100) > 0.4 && beta(101) < -0.3 && beta(102) > 0.2, "{f:?}");
+        let beta = |id| {
+            f.coefficients
+                .iter()
+                .find(|c| c.0 == id)
+                .map_or(0.0, |c| c.1)
+        };
+        assert!(
+            beta(100) > 0.4 && beta(101) < -0.3 && beta(102) > 0.2,
+            "{f:?}"
+        );
         // Scores recomputed from the returned coefficients, subject by subject.
         for i in 0..t.len() {
             let mut eta = f.intercept;

@@ -138,7 +138,11 @@ pub fn stratify_by_ps(
                     stratum_id[i] += max_id + 1;
                 }
             }
-            max_id = members.iter().map(|&i| stratum_id[i]).max().unwrap_or(max_id);
+            max_id = members
+                .iter()
+                .map(|&i| stratum_id[i])
+                .max()
+                .unwrap_or(max_id);
         }
     }
     Ok(Stratification {
@@ -185,7 +189,12 @@ mod tests {
         assert_eq!(r.n_strata, 2);
         assert!(r.stratum_id.iter().all(|&x| x == 1));
         // A score of 0 lands in the first stratum.
-        let r = stratify_by_ps(&[true, false], &[0.0, 1.0], None, &StratifySettings::default());
+        let r = stratify_by_ps(
+            &[true, false],
+            &[0.0, 1.0],
+            None,
+            &StratifySettings::default(),
+        );
         assert_eq!(r.unwrap().stratum_id[0], 1);
     }
 
@@ -217,8 +226,8 @@ mod tests {
             let r = stratify_by_ps(&t, &ps, None, &s).unwrap();
             // Slow reference: subject i's stratum = 1 + number of distinct bounds below its
             // score; with distinct scores and base = all, sizes differ by at most 1 + 1.
-            for i in 0..n {
-                let below = r.bounds.iter().filter(|&&b| b < ps[i]).count() as i64;
+            for (i, &p) in ps.iter().enumerate() {
+                let below = r.bounds.iter().filter(|&&b| b < p).count() as i64;
                 assert_eq!(r.stratum_id[i], 1 + below);
             }
             if n >= k {

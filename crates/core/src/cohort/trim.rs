@@ -43,7 +43,11 @@ fn sorted_scores(treatment: &[bool], ps: &[f64], arm: bool) -> Vec<f64> {
 
 /// CohortMethod's `trimByPs(population, trimFraction)`; see the module documentation.
 /// `trim_fraction` must be in [0, 1].
-pub fn trim_by_ps(treatment: &[bool], propensity_score: &[f64], trim_fraction: f64) -> Result<Selection> {
+pub fn trim_by_ps(
+    treatment: &[bool],
+    propensity_score: &[f64],
+    trim_fraction: f64,
+) -> Result<Selection> {
     check_len("propensity_score", propensity_score.len(), treatment.len())?;
     check_ps(propensity_score)?;
     if !(0.0..=1.0).contains(&trim_fraction) {
@@ -88,7 +92,7 @@ pub fn trim_by_ps_to_equipoise(
 /// CohortMethod's `trimByIptw(population, maxWeight)`: keep subjects with `iptw ≤ max_weight`.
 pub fn trim_by_iptw(treatment: &[bool], iptw: &[f64], max_weight: f64) -> Result<Selection> {
     check_len("iptw", iptw.len(), treatment.len())?;
-    if !(max_weight >= 0.0) {
+    if max_weight.is_nan() || max_weight < 0.0 {
         return Err(Error::option(
             "max_weight",
             format!("must be ≥ 0 (got {max_weight})"),
@@ -97,7 +101,9 @@ pub fn trim_by_iptw(treatment: &[bool], iptw: &[f64], max_weight: f64) -> Result
     if let Some(k) = iptw.iter().position(|w| w.is_nan()) {
         return Err(Error::option("iptw", format!("element {k} is NaN")));
     }
-    let kept = (0..treatment.len()).filter(|&i| iptw[i] <= max_weight).collect();
+    let kept = (0..treatment.len())
+        .filter(|&i| iptw[i] <= max_weight)
+        .collect();
     Ok(selection(treatment, kept, "Trimmed by IPTW"))
 }
 
@@ -134,8 +140,11 @@ impl TrimSettings {
             check_bounds("equipoise_bounds", b)?;
         }
         if let Some(w) = self.max_weight {
-            if !(w >= 0.0) {
-                return Err(Error::option("max_weight", format!("must be ≥ 0 (got {w})")));
+            if w.is_nan() || w < 0.0 {
+                return Err(Error::option(
+                    "max_weight",
+                    format!("must be ≥ 0 (got {w})"),
+                ));
             }
         }
         Ok(())
@@ -166,7 +175,11 @@ impl TrimSettings {
         }
         if let Some(bounds) = self.equipoise_bounds {
             let t: Vec<bool> = kept.iter().map(|&i| treatment[i]).collect();
-            let s = trim_by_ps_to_equipoise(&t, &sub(&kept, propensity_score), &EquipoiseSettings { bounds })?;
+            let s = trim_by_ps_to_equipoise(
+                &t,
+                &sub(&kept, propensity_score),
+                &EquipoiseSettings { bounds },
+            )?;
             apply(&mut kept, s);
         }
         if let Some(w) = self.max_weight {
@@ -224,7 +237,10 @@ mod tests {
                 v.sort_by(f64::total_cmp);
                 let p = if arm { f } else { 1.0 - f };
                 let h = (v.len() - 1) as f64 * p;
-                let (lo, hi) = (h.floor() as usize, (h.floor() as usize + 1).min(v.len() - 1));
+                let (lo, hi) = (
+                    h.floor() as usize,
+                    (h.floor() as usize + 1).min(v.len() - 1),
+                );
                 let cut = v[lo] + (h - h.floor()) * (v[hi] - v[lo]);
                 for i in (0..n).filter(|&i| t[i] == arm) {
                     let keep = if arm { ps[i] >= cut } else { ps[i] <= cut };

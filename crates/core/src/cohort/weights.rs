@@ -77,7 +77,10 @@ impl IptwSettings {
     pub fn check(&self) -> Result<()> {
         if let Some(w) = self.max_weight {
             if !(w.is_finite() && w > 0.0) {
-                return Err(Error::option("max_weight", format!("must be > 0 (got {w})")));
+                return Err(Error::option(
+                    "max_weight",
+                    format!("must be > 0 (got {w})"),
+                ));
             }
         }
         if let Some(q) = self.truncate_quantile {
@@ -93,7 +96,11 @@ impl IptwSettings {
 }
 
 /// Weights of every subject (input order); see the module documentation.
-pub fn iptw(treatment: &[bool], propensity_score: &[f64], settings: &IptwSettings) -> Result<Vec<f64>> {
+pub fn iptw(
+    treatment: &[bool],
+    propensity_score: &[f64],
+    settings: &IptwSettings,
+) -> Result<Vec<f64>> {
     settings.check()?;
     check_len("propensity_score", propensity_score.len(), treatment.len())?;
     check_ps(propensity_score)?;
@@ -142,7 +149,7 @@ pub fn iptw(treatment: &[bool], propensity_score: &[f64], settings: &IptwSetting
 /// CohortMethod's `truncateIptw`: set weights above `max_weight` to it; returns how many were
 /// truncated.
 pub fn truncate_iptw(weights: &mut [f64], max_weight: f64) -> Result<usize> {
-    if !(max_weight >= 0.0) {
+    if max_weight.is_nan() || max_weight < 0.0 {
         return Err(Error::option(
             "max_weight",
             format!("must be ≥ 0 (got {max_weight})"),
@@ -170,11 +177,26 @@ mod tests {
             stabilized,
             ..Default::default()
         };
-        assert_eq!(iptw(&t, &ps, &s(Estimator::Ate, false)).unwrap(), vec![2.0, 4.0, 2.0, 4.0]);
-        assert_eq!(iptw(&t, &ps, &s(Estimator::Ate, true)).unwrap(), vec![1.0, 2.0, 1.0, 2.0]);
-        assert_eq!(iptw(&t, &ps, &s(Estimator::Att, false)).unwrap(), vec![1.0, 1.0, 1.0, 3.0]);
-        assert_eq!(iptw(&t, &ps, &s(Estimator::Att, true)).unwrap(), vec![0.5, 0.5, 0.5, 1.5]);
-        assert_eq!(iptw(&t, &ps, &s(Estimator::Ato, true)).unwrap(), vec![0.5, 0.75, 0.5, 0.75]);
+        assert_eq!(
+            iptw(&t, &ps, &s(Estimator::Ate, false)).unwrap(),
+            vec![2.0, 4.0, 2.0, 4.0]
+        );
+        assert_eq!(
+            iptw(&t, &ps, &s(Estimator::Ate, true)).unwrap(),
+            vec![1.0, 2.0, 1.0, 2.0]
+        );
+        assert_eq!(
+            iptw(&t, &ps, &s(Estimator::Att, false)).unwrap(),
+            vec![1.0, 1.0, 1.0, 3.0]
+        );
+        assert_eq!(
+            iptw(&t, &ps, &s(Estimator::Att, true)).unwrap(),
+            vec![0.5, 0.5, 0.5, 1.5]
+        );
+        assert_eq!(
+            iptw(&t, &ps, &s(Estimator::Ato, true)).unwrap(),
+            vec![0.5, 0.75, 0.5, 0.75]
+        );
         let trunc = IptwSettings {
             estimator: Estimator::Ate,
             stabilized: false,
@@ -193,10 +215,14 @@ mod tests {
 
     #[test]
     fn infinite_weights_and_bad_settings_are_errors() {
-        let e = iptw(&[true, false], &[0.0, 0.5], &IptwSettings {
-            estimator: Estimator::Ate,
-            ..Default::default()
-        })
+        let e = iptw(
+            &[true, false],
+            &[0.0, 0.5],
+            &IptwSettings {
+                estimator: Estimator::Ate,
+                ..Default::default()
+            },
+        )
         .unwrap_err();
         assert!(e.to_string().contains("element 0"), "{e}");
         assert!(iptw(&[true, false], &[0.5, 1.0], &IptwSettings::default()).is_err());
@@ -221,13 +247,21 @@ mod tests {
         let ps: Vec<f64> = (0..n).map(|_| 0.05 + 0.9 * rng.uniform()).collect();
         let t: Vec<bool> = ps.iter().map(|&e| rng.bernoulli(e)).collect();
         let p = t.iter().filter(|&&b| b).count() as f64 / n as f64;
-        let w = iptw(&t, &ps, &IptwSettings {
-            estimator: Estimator::Ate,
-            ..Default::default()
-        })
+        let w = iptw(
+            &t,
+            &ps,
+            &IptwSettings {
+                estimator: Estimator::Ate,
+                ..Default::default()
+            },
+        )
         .unwrap();
         for i in 0..n {
-            let back = if t[i] { w[i] * ps[i] } else { w[i] * (1.0 - ps[i]) };
+            let back = if t[i] {
+                w[i] * ps[i]
+            } else {
+                w[i] * (1.0 - ps[i])
+            };
             let want = if t[i] { p } else { 1.0 - p };
             assert!((back - want).abs() < 1e-12);
         }
