@@ -20,7 +20,7 @@
 //! * Settings structs deserialize (serde, `deny_unknown_fields`, every key optional with the
 //!   CohortMethod default) from SQL JSON options and pipeline TOML, and are validated by their
 //!   `check()` before any work starts; bad settings and bad input are
-//!   [`Error::BadOption`](crate::Error::BadOption) errors naming the argument (and the element).
+//!   [`Error::BadOption`] errors naming the argument (and the element).
 //! * Sums are accumulated in `f64`.
 //!
 //! # Functions
@@ -444,6 +444,95 @@ mod tests {
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-12, "{g} vs {w}");
         }
+    }
+
+    /// The whole CohortMethod flow on a simulated confounded cohort: fit the propensity model,
+    /// trim to equipoise, match 1:1 and with variable ratio, stratify, weight; balance improves
+    /// after each adjustment and the attrition table follows the subjects.
+    #[test]
+    fn end_to_end_adjustment_improves_balance() {
+        use crate::model::rng::Rng;
+        let mut rng = Rng::new(2024);
+        let n = 3000;
+        let mut entries = Vec::new();
+        let mut treatment = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut eta = -0.2;
+            for (j, b) in [1.2, -0.9, 0.7, 0.0, 0.0, 0.0].iter().enumerate() {
+                if rng.bernoulli(0.3) {
+                    entries.push((i as u32, 10 + j as i64, 1.0));
+                    eta += b;
+                }
+            }
+            treatment.push(rng.bernoulli(ps::logistic(eta)));
+        }
+        let x = SparseCovariates::from_triplets(n, &entries).unwrap();
+        let settings = ps::PsSettings {
+            variance: Some(1.0),
+            ..Default::default()
+        };
+        let fit = ps::fit_propensity(&treatment, &x, &settings).unwrap();
+        let score = &fit.propensity_score;
+        let mut attrition = Attrition::new();
+        attrition.push("Original cohorts", &treatment);
+
+        let eq = preference::equipoise(&treatment, score, &Default::default()).unwrap();
+        assert!(eq > 0.2 && eq <= 1.0, "{eq}");
+        let trimmed =
+            trim::trim_by_ps_to_equipoise(&treatment, score, &Default::default()).unwrap();
+        attrition.steps.push(trimmed.attrition.clone());
+
+        let matched = matching::match_on_ps(&treatment, score, None, &Default::default()).unwrap();
+        attrition.steps.push(matched.attrition.clone());
+        assert_eq!(attrition.steps.len(), 3);
+        assert_eq!(matched.attrition.target, matched.attrition.comparator);
+        let after = balance::AdjustedPopulation {
+            kept: &matched.kept,
+            adjustment: balance::Adjustment::Strata(&matched.stratum_id),
+        };
+        let b = balance::covariate_balance(&treatment, &x, &after).unwrap();
+        let before = b.max_abs_std_diff_before.unwrap();
+        let after_1to1 = b.max_abs_std_diff_after.unwrap();
+        assert!(before > 0.3, "{before}");
+        assert!(after_1to1 < 0.1, "{after_1to1}");
+
+        let vr = matching::MatchSettings {
+            max_ratio: 4,
+            ..Default::default()
+        };
+        let matched = matching::match_on_ps(&treatment, score, None, &vr).unwrap();
+        let after = balance::AdjustedPopulation {
+            kept: &matched.kept,
+            adjustment: balance::Adjustment::Strata(&matched.stratum_id),
+        };
+        let b = balance::covariate_balance(&treatment, &x, &after).unwrap();
+        assert!(b.max_abs_std_diff_after.unwrap() < 0.1, "{b:?}");
+
+        let strata =
+            stratify::stratify_by_ps(&treatment, score, None, &Default::default()).unwrap();
+        let all: Vec<usize> = (0..n).collect();
+        let after = balance::AdjustedPopulation {
+            kept: &all,
+            adjustment: balance::Adjustment::Strata(&strata.stratum_id),
+        };
+        let b = balance::covariate_balance(&treatment, &x, &after).unwrap();
+        assert!(b.max_abs_std_diff_after.unwrap() < before / 2.0, "{b:?}");
+
+        let w = weights::iptw(
+            &treatment,
+            score,
+            &weights::IptwSettings {
+                estimator: weights::Estimator::Ate,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let after = balance::AdjustedPopulation {
+            kept: &all,
+            adjustment: balance::Adjustment::Iptw(&w),
+        };
+        let b = balance::covariate_balance(&treatment, &x, &after).unwrap();
+        assert!(b.max_abs_std_diff_after.unwrap() < 0.1, "{b:?}");
     }
 
     #[test]
