@@ -728,6 +728,49 @@ mod tests {
         assert!(close(c1.target_std_diff, want));
     }
 
+    /// Scale check (run with `--release --ignored`): 1,000,000 subjects × 10,000 sparse 0/1
+    /// covariates (≈ 20 per subject, 20M entries), strata of 5; prints the time.
+    #[test]
+    #[ignore]
+    fn scale_one_million_by_ten_thousand() {
+        let (n, p, per_subject) = (1_000_000usize, 10_000usize, 20usize);
+        let mut rng = Rng::new(1);
+        let t: Vec<bool> = (0..n).map(|_| rng.bernoulli(0.4)).collect();
+        let mut cols: Vec<Vec<u32>> = vec![Vec::new(); p];
+        for i in 0..n {
+            for _ in 0..per_subject {
+                cols[rng.int_range(0, p as u64 - 1) as usize].push(i as u32);
+            }
+        }
+        let mut col_ptr = vec![0usize];
+        let mut rows = Vec::new();
+        for c in &mut cols {
+            c.dedup();
+            rows.extend_from_slice(c);
+            col_ptr.push(rows.len());
+        }
+        let x = SparseCovariates::new(n, (0..p as i64).collect(), col_ptr, rows, None).unwrap();
+        let kept: Vec<usize> = (0..n).collect();
+        let strata: Vec<i64> = (0..n).map(|i| (i % 5) as i64).collect();
+        let started = std::time::Instant::now();
+        let b = covariate_balance(
+            &t,
+            &x,
+            &AdjustedPopulation {
+                kept: &kept,
+                adjustment: Adjustment::Strata(&strata),
+            },
+        )
+        .unwrap();
+        eprintln!(
+            "balance of {p} covariates × {n} subjects ({} entries): {:.2}s, max |SDM| after {:?}",
+            x.nnz(),
+            started.elapsed().as_secs_f64(),
+            b.max_abs_std_diff_after
+        );
+        assert_eq!(b.covariates.len(), p);
+    }
+
     #[test]
     fn bad_input() {
         let t = [true, false];
