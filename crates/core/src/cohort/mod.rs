@@ -28,15 +28,16 @@
 //! | Rust | CohortMethod |
 //! |---|---|
 //! | [`ps::fit_propensity`] | `createPs` (without `tidyCovariateData` and down-sampling) |
+//! | [`ps::univariable_correlations`] | Cyclops' `getUnivariableCorrelation` (the `errorOnHighCorrelation` check) |
 //! | [`preference::preference_scores`], [`preference::equipoise`] | `computePreferenceScore`, `computeEquipoise` |
 //! | [`trim::trim_by_ps`], [`trim::trim_by_ps_to_equipoise`], [`trim::trim_by_iptw`] | `trimByPs`, `trimByPsToEquipoise`, `trimByIptw` |
 //! | [`matching::match_on_ps`] | `matchOnPs` (C++ `Match.cpp`) |
 //! | [`stratify::stratify_by_ps`] | `stratifyByPs` |
 //! | [`weights::iptw`], [`weights::truncate_iptw`] | `computeIptw` (in `createPs`), `truncateIptw` |
-//! | [`balance::covariate_balance`] | `computeCovariateBalance` |
-//! | [`power::mdrr`] | `computeMdrr` |
+//! | [`balance::covariate_balance`], [`balance::covariate_means`] | `computeCovariateBalance`, `computeMeansPerGroup` |
+//! | [`power::mdrr`], [`power::mdrr_summary`] | `computeMdrrFromAggregateStats`, `computeMdrr` |
 //! | [`diagnostics::evaluate`] | the diagnostics of `runCmAnalyses` with `createCmDiagnosticThresholds` |
-//! | [`km::kaplan_meier`], [`km::km_adjustment_weights`], [`km::follow_up_distribution`] | `plotKaplanMeier` (C++ `AdjustedKm.cpp`), `getFollowUpDistribution` |
+//! | [`km::kaplan_meier_by_arm`], [`km::kaplan_meier`], [`km::km_adjustment_weights`], [`km::follow_up_distribution`] | `plotKaplanMeier` (C++ `AdjustedKm.cpp`), `getFollowUpDistribution` |
 //! | [`Attrition`] | the `attrition` table of the population's metadata (`getAttritionTable`) |
 
 pub mod balance;

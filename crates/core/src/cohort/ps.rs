@@ -668,6 +668,22 @@ mod tests {
         assert_eq!(f, g);
     }
 
+    /// createPs' defaults (auto CV, 10 folds × 10 repetitions); run with `--release --ignored`.
+    #[test]
+    #[ignore]
+    fn default_settings_cross_validate_ten_by_ten() {
+        let (t, x) = simulate(5000, 50, 13);
+        let started = std::time::Instant::now();
+        let f = fit_propensity(&t, &x, &PsSettings::default()).unwrap();
+        eprintln!(
+            "createPs defaults, 5000 × 50: variance {:.4}, {} non-zero, {:.2}s",
+            f.variance,
+            f.coefficients.len(),
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(f.status, FitStatus::Converged);
+    }
+
     #[test]
     fn settings_deserialize_and_check() {
         let s: PsSettings = serde_json::from_str(r#"{"variance": 0.5, "cv_folds": 5}"#).unwrap();
