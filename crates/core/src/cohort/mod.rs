@@ -23,6 +23,34 @@
 //!   [`Error::BadOption`] errors naming the argument (and the element).
 //! * Sums are accumulated in `f64`.
 //!
+//! # Example
+//!
+//! ```
+//! use epifusion_core::cohort::{balance, matching, ps, SparseCovariates};
+//!
+//! // Eight subjects, covariate 7 more frequent among the target subjects (r = 0.26: below
+//! // the 0.5 of the high-correlation check, which would otherwise stop the fit).
+//! let treatment = [true, true, true, true, false, false, false, false];
+//! let entries = [(0, 7, 1.0), (1, 7, 1.0), (2, 7, 1.0), (4, 7, 1.0), (5, 7, 1.0), (3, 9, 1.0)];
+//! let x = SparseCovariates::from_triplets(8, &entries)?;
+//! let settings = ps::PsSettings { variance: Some(1.0), ..Default::default() };
+//! let model = ps::fit_propensity(&treatment, &x, &settings)?;
+//! let matched = matching::match_on_ps(
+//!     &treatment,
+//!     &model.propensity_score,
+//!     None,
+//!     &matching::MatchSettings { caliper: 0.0, ..Default::default() },
+//! )?;
+//! let after = balance::AdjustedPopulation {
+//!     kept: &matched.kept,
+//!     adjustment: balance::Adjustment::Strata(&matched.stratum_id),
+//! };
+//! let b = balance::covariate_balance(&treatment, &x, &after)?;
+//! assert!(b.max_abs_std_diff_before.is_some());
+//! assert_eq!(matched.attrition.target, matched.attrition.comparator);
+//! # Ok::<(), epifusion_core::Error>(())
+//! ```
+//!
 //! # Functions
 //!
 //! | Rust | CohortMethod |
