@@ -636,6 +636,67 @@ mod tests {
     }
 
     #[test]
+    fn empty_and_single_arm_inputs() {
+        let m = match_on_ps(&[], &[], None, &MatchSettings::default()).unwrap();
+        assert!(m.kept.is_empty() && m.n_sets == 0);
+        let m = match_on_ps(&[true, true], &[0.2, 0.4], None, &MatchSettings::default()).unwrap();
+        assert!(m.kept.is_empty());
+        let m = match_on_ps(&[false], &[0.2], Some(&[3]), &MatchSettings::default()).unwrap();
+        assert!(m.kept.is_empty());
+    }
+
+    #[test]
+    fn randomized_strata_never_cross() {
+        let mut rng = Rng::new(99);
+        for case in 0..100 {
+            let n = 2 + rng.int_range(0, 50) as usize;
+            let t: Vec<bool> = (0..n).map(|_| rng.bernoulli(0.4)).collect();
+            let ps: Vec<f64> = (0..n).map(|_| 0.01 + 0.98 * rng.uniform()).collect();
+            let strata: Vec<i64> = (0..n).map(|_| rng.int_range(0, 3) as i64 - 1).collect();
+            let s = MatchSettings {
+                max_ratio: case % 4,
+                ..Default::default()
+            };
+            let m = match_on_ps(&t, &ps, Some(&strata), &s).unwrap();
+            let mut stratum_of_set = std::collections::HashMap::new();
+            for (&i, &id) in m.kept.iter().zip(&m.stratum_id) {
+                assert_eq!(*stratum_of_set.entry(id).or_insert(strata[i]), strata[i]);
+            }
+            // Each stratum alone gives the same sets (ids aside).
+            for g in -1..=1i64 {
+                let idx: Vec<usize> = (0..n).filter(|&i| strata[i] == g).collect();
+                let tg: Vec<bool> = idx.iter().map(|&i| t[i]).collect();
+                let pg: Vec<f64> = idx.iter().map(|&i| ps[i]).collect();
+                // Same caliper: the whole population's.
+                let alone = {
+                    let mut order: Vec<usize> = (0..idx.len()).collect();
+                    order.sort_by(|&a, &b| pg[a].total_cmp(&pg[b]));
+                    let score: Vec<f64> = order.iter().map(|&k| logit(pg[k])).collect();
+                    let tt: Vec<bool> = order.iter().map(|&k| tg[k]).collect();
+                    let ratio = if s.max_ratio == 0 {
+                        UNLIMITED_RATIO
+                    } else {
+                        s.max_ratio
+                    };
+                    let r = greedy_match(&score, &tt, ratio, m.caliper.unwrap_or(NO_CALIPER));
+                    let mut back = vec![-1i64; idx.len()];
+                    for (pos, &k) in order.iter().enumerate() {
+                        back[k] = r[pos];
+                    }
+                    back
+                };
+                let mut got = vec![-1i64; idx.len()];
+                for (k, &i) in idx.iter().enumerate() {
+                    if let Some(p) = m.kept.iter().position(|&x| x == i) {
+                        got[k] = m.stratum_id[p];
+                    }
+                }
+                assert_eq!(sets(&got), sets(&alone), "case {case}, stratum {g}");
+            }
+        }
+    }
+
+    #[test]
     fn settings() {
         let s: MatchSettings =
             serde_json::from_str(r#"{"caliper_scale": "standardized logit", "max_ratio": 4}"#)

@@ -565,6 +565,30 @@ mod tests {
     }
 
     #[test]
+    fn empty_inputs_do_not_panic() {
+        let x = SparseCovariates::from_triplets(0, &[]).unwrap();
+        assert!(ps::fit_propensity(&[], &x, &Default::default()).is_err());
+        assert!(preference::equipoise(&[], &[], &Default::default()).is_err());
+        assert!(trim::trim_by_ps(&[], &[], 0.05).unwrap().kept.is_empty());
+        assert!(weights::iptw(&[], &[], &Default::default())
+            .unwrap()
+            .is_empty());
+        let s = stratify::stratify_by_ps(&[], &[], None, &Default::default()).unwrap();
+        assert!(s.stratum_id.is_empty());
+        let after = balance::AdjustedPopulation {
+            kept: &[],
+            adjustment: balance::Adjustment::None,
+        };
+        let b = balance::covariate_balance(&[], &x, &after).unwrap();
+        assert!(b.covariates.is_empty() && b.max_abs_std_diff_after.is_none());
+        let c = km::kaplan_meier(&[], &[], None).unwrap();
+        assert!(c.time.is_empty());
+        let d = km::follow_up_distribution(&[], &[], &Default::default()).unwrap();
+        assert!(d.target[0].is_nan());
+        assert!(power::mdrr_summary(&[], &[], &[], &Default::default()).is_err());
+    }
+
+    #[test]
     fn attrition_counts() {
         let mut a = Attrition::new();
         a.push("start", &[true, false, false]);
