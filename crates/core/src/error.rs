@@ -88,6 +88,17 @@ pub enum Error {
         /// What the user can do about it, in the words of their surface.
         hint: String,
     },
+    /// A propensity model cannot be fitted or trusted (CohortMethod `createPs`'s errors): a
+    /// single-arm cohort, no covariates, covariates too highly correlated with treatment or
+    /// perfectly predicting it, a fit that did not converge. `covariate_ids` names the
+    /// covariates concerned, when there are any.
+    #[error("propensity model: {message}")]
+    PropensityModel {
+        /// Covariates concerned (may be empty).
+        covariate_ids: Vec<i64>,
+        /// What is wrong.
+        message: String,
+    },
     /// Device (GPU) problem.
     #[error("device error: {0}")]
     Device(String),

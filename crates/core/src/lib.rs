@@ -9,13 +9,16 @@
 //! trait a GPU crate implements) → [`fit`] (the fit API). This crate has no Arrow, Parquet,
 //! DataFusion, tokio or CUDA dependency (Cargo enforces it): `cargo test -p epifusion-core`
 //! builds none of them. [`bench`] holds the seeded data generators of `epifusion bench`;
-//! [`calibration`] the empirical calibration of estimates with negative controls.
+//! [`calibration`] the empirical calibration of estimates with negative controls; [`cohort`] the
+//! comparative cohort maths of CohortMethod (propensity scores, matching, stratification, IPTW,
+//! covariate balance, MDRR, diagnostics, Kaplan–Meier).
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod bench;
 pub mod calibration;
 pub mod cancel;
+pub mod cohort;
 pub mod error;
 pub mod fit;
 pub mod model;
