@@ -826,7 +826,13 @@ async fn fit_registered(
         Some((schema_of(covariates), covariates.to_vec())),
     )
     .await?;
-    let estimates = vec![result];
+    let ids = result.covariate_ids.ok_or_else(|| {
+        exec_datafusion_err!(
+            "analysis `{}`: a pipeline fit returns the coefficient table (fit option `table`)",
+            a.name
+        )
+    })?;
+    let estimates = result.batch;
 
     // Sizes for the diagnostics.
     let schema = t.outcomes[0].schema();
@@ -909,19 +915,10 @@ async fn fit_registered(
         unit_cols.push((role, a.role(role).map(str::to_string)));
     }
     let mut out = Vec::new();
-    for b in prepend(&estimates, &unit_cols)? {
-        let ids = cast(
-            b.column_by_name("covariate_id")
-                .ok_or_else(|| exec_datafusion_err!("fit result without covariate_id"))?,
-            &DataType::Int64,
-        )?;
-        let ids = ids.as_primitive::<Int64Type>();
-        let name: StringArray = (0..b.num_rows())
-            .map(|i| {
-                (!ids.is_null(i))
-                    .then(|| names.get(&ids.value(i)).cloned())
-                    .flatten()
-            })
+    for b in prepend(&[estimates], &unit_cols)? {
+        let name: StringArray = ids
+            .iter()
+            .map(|id| id.and_then(|id| names.get(&id).cloned()))
             .collect();
         let mut fields: Vec<Field> = b
             .schema()

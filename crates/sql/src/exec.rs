@@ -96,7 +96,7 @@ impl NodeSpec {
 /// The checked form of a spec: what `execute` needs.
 #[derive(Debug, Clone)]
 enum Work {
-    Fit(crate::fit_table::FitWork),
+    Fit(Box<crate::fit_table::FitWork>),
     EmpiricalNull,
     CalibrateEstimates,
     Study(crate::study::functions::StudyWork),
@@ -144,7 +144,7 @@ impl EpiExec {
             (NodeSpec::Fit { function, options }, SqlRole::Fit(model)) => {
                 let work = crate::fit_table::FitWork::parse(function, model, options)?;
                 let schema = work.schema();
-                (Work::Fit(work), schema)
+                (Work::Fit(Box::new(work)), schema)
             }
             (NodeSpec::EmpiricalNull, SqlRole::EmpiricalNull) => {
                 (Work::EmpiricalNull, crate::calibration::null_schema())

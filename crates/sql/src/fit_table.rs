@@ -474,7 +474,18 @@ pub async fn fit_from_plans(
     context: Arc<TaskContext>,
 ) -> DfResult<RecordBatch> {
     let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
-    fit_collected(model, options, table, inputs).await
+    Ok(fit_collected(model, options, table, inputs).await?.batch)
+}
+
+/// What [`fit_batches`] returns: the result table, and for the coefficient table the covariate
+/// id of each of its rows (`None` for the intercept), so that callers need not read the table
+/// back by column name.
+#[derive(Debug, Clone)]
+pub struct FitOutput {
+    /// The table `SELECT * FROM function(…)` returns.
+    pub batch: RecordBatch,
+    /// The coefficient table's covariate ids, row by row (`None` for other tables).
+    pub covariate_ids: Option<Vec<Option<i64>>>,
 }
 
 /// Fit tables already in memory — the Rust entry behind the fitting table functions, for
@@ -487,7 +498,7 @@ pub async fn fit_batches(
     options_json: &str,
     outcomes: (SchemaRef, Vec<RecordBatch>),
     covariates: Option<(SchemaRef, Vec<RecordBatch>)>,
-) -> DfResult<RecordBatch> {
+) -> DfResult<FitOutput> {
     let model = match crate::registry::sql_functions()
         .into_iter()
         .find(|f| f.name == function)
@@ -514,7 +525,7 @@ async fn fit_collected(
     mut options: FitOptions,
     table: ResultTable,
     inputs: CollectedInputs,
-) -> DfResult<RecordBatch> {
+) -> DfResult<FitOutput> {
     // Dropping this future (the query's stream: Ctrl-C, a client that goes away) cancels the
     // fit running on the blocking thread.
     let token = epifusion_core::cancel::CancelToken::new();
@@ -528,7 +539,21 @@ async fn fit_collected(
         let (x, read_notes) = inputs.design_with_notes(&read)?;
         let mut result = fit_owned(x, &options)?;
         result.notes.splice(0..0, read_notes);
-        convert::table_batch(&result, table)
+        let batch = convert::table_batch(&result, table)?;
+        let covariate_ids = (table == ResultTable::Coefficients).then(|| {
+            result
+                .coefficients
+                .iter()
+                .map(|c| {
+                    (c.covariate_id != epifusion_core::model::design::INTERCEPT_ID)
+                        .then_some(c.covariate_id)
+                })
+                .collect()
+        });
+        Ok(FitOutput {
+            batch,
+            covariate_ids,
+        })
     })
     .await
 }
