@@ -26,8 +26,11 @@ const COX: &str = "SELECT * FROM cox_fit('SELECT week AS time, arrest AS y, fin,
                    FROM rossi', '{\"ci\": \"wald\"}')";
 const COX_L1: &str = "SELECT * FROM cox_fit('SELECT week AS time, arrest AS y, fin, age, race, \
                       wexp, mar, paro, prio FROM rossi', '{\"prior\": \"laplace\", \"variance\": 0.1}')";
-const AGG: &str = "SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y, ids, \
-                   '{\"tolerance\": 1e-12, \"ci\": \"none\"}') AS fit FROM grouped GROUP BY g ORDER BY g";
+const AGG: &str = "SELECT g, c['covariate_id'] AS covariate_id, c['estimate'] AS estimate, \
+                   c['log_likelihood'] AS log_likelihood, c['status'] AS status FROM (SELECT g, \
+                   unnest(fit) AS c FROM (SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y, ids, \
+                   '{\"tolerance\": 1e-12, \"ci\": \"none\"}') AS fit FROM grouped GROUP BY g)) \
+                   ORDER BY g";
 
 const TOKEN: &str = "flight-test-token";
 

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -234,13 +234,11 @@ fn ipc_schema(schema: &Schema) -> Result<prost::bytes::Bytes, Status> {
 /// One-batch result stream (catalog commands).
 fn one_batch(
     schema: SchemaRef,
-    batch: Result<RecordBatch, arrow::error::ArrowError>,
+    batch: Result<RecordBatch, FlightError>,
 ) -> Response<<EpifusionFlightSql as FlightService>::DoGetStream> {
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
-        .build(futures::stream::once(async move {
-            batch.map_err(FlightError::Arrow)
-        }))
+        .build(futures::stream::once(async move { batch }))
         .map_err(flight_status);
     Response::new(Box::pin(stream))
 }
@@ -492,7 +490,7 @@ impl FlightSqlService for EpifusionFlightSql {
         let schema = table_types_schema();
         Ok(one_batch(
             schema.clone(),
-            RecordBatch::try_new(schema, vec![types]),
+            RecordBatch::try_new(schema, vec![types]).map_err(FlightError::Arrow),
         ))
     }
 

@@ -20,7 +20,6 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::SessionContext;
 
 /// The sessions of the connected clients, by connection id.
-#[derive(Debug)]
 pub struct Sessions {
     base: SessionContext,
     runtime: Arc<RuntimeEnv>,
