@@ -128,6 +128,23 @@ def concurrent(uri, token, *pairs):
         fail("\n".join(errors))
 
 
+def limits(uri, token):
+    """With --query-timeout 2 --memory-limit 32M: a long statement is stopped at the time limit,
+    an accumulator over the memory limit is refused; the connection goes on."""
+    import time
+
+    with connect(uri, token) as conn:
+        started = time.monotonic()
+        expect_error("time limit", AdbcStatusCode.TIMEOUT, "time limit",
+                     lambda: query(conn, "SELECT sum(value * value) FROM range(1, 1000000000000)"))
+        if time.monotonic() - started > 30:
+            fail("the time limit did not stop the statement in time")
+        expect_error("memory limit", AdbcStatusCode.INTERNAL, "esources exhausted",
+                     lambda: query(conn, "SELECT array_agg(value) FROM range(1, 50000000)"))
+        if query(conn, "SELECT 1 AS one").to_pylist() != [{"one": 1}]:
+            fail("the connection does not answer after the refusals")
+
+
 def sessions(uri, token, tls_root=None):
     """With --allow-writes: a view is its connection's own; another connection does not see it,
     and a shared table cannot be dropped by a client."""
@@ -158,5 +175,6 @@ if __name__ == "__main__":
         "failing-fit": failing_fit_is_one_error,
         "concurrent": concurrent,
         "sessions": sessions,
+        "limits": limits,
     }[check](uri, token, *args)
     print(f"{check}: ok")

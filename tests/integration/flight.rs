@@ -173,7 +173,17 @@ fn flight_sql_clients_get_the_cli_tables() {
         "concurrent",
         &[COX, &p(&cox), COX_L1, &p(&cox_l1), AGG, &p(&agg)],
     );
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn flight_sql_statements_stop_at_the_time_and_memory_limits() {
+    if !adbc_available() {
+        return;
+    }
+    let server = serve(&["--insecure", "--query-timeout", "2", "--memory-limit", "32M"]);
+    client(&server, "", "limits", &[]);
 }
 
 #[test]

@@ -200,3 +200,47 @@ impl FlightServer {
             .map_err(|e| ServeError::Setup(format!("the server stopped: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(bind: &str, token: Option<&str>, insecure: bool) -> ServeOptions {
+        ServeOptions {
+            bind: bind.parse().unwrap(),
+            token: token.map(str::to_string),
+            insecure,
+            allow_writes: false,
+            tls: None,
+            query_timeout: None,
+            memory_limit: None,
+        }
+    }
+
+    #[test]
+    fn a_token_is_required_unless_insecure_on_loopback() {
+        assert!(opts("0.0.0.0:1", Some("t"), false).check().is_ok());
+        assert!(opts("127.0.0.1:1", None, true).check().is_ok());
+        assert!(opts("[::1]:1", None, true).check().is_ok());
+        for (bind, token, insecure) in [
+            ("127.0.0.1:1", None, false),
+            ("127.0.0.1:1", Some(""), false),
+            ("0.0.0.0:1", None, true),
+            ("192.168.1.5:1", None, true),
+        ] {
+            let e = opts(bind, token, insecure).check().unwrap_err();
+            assert!(e.to_string().contains("--token"), "{bind}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_tls_file_without_pem_is_named() {
+        let path = std::env::temp_dir().join(format!("epifusion-flight-{}.pem", std::process::id()));
+        std::fs::write(&path, "not PEM").unwrap();
+        let e = read_pem("certificate", &path, "CERTIFICATE").unwrap_err();
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let e = read_pem("key", &path, "PRIVATE KEY").unwrap_err();
+        assert!(e.to_string().contains("key"), "{e}");
+    }
+}
