@@ -126,7 +126,11 @@ pub(crate) fn run_serve(a: &ServeArgs) -> Result<()> {
         }
         let server = FlightServer::bind(base, &opts).await?;
         let addr = server.local_addr()?;
-        let scheme = if opts.tls.is_some() { "grpc+tls" } else { "grpc" };
+        let scheme = if opts.tls.is_some() {
+            "grpc+tls"
+        } else {
+            "grpc"
+        };
         eprintln!(
             "epifusion serve: Flight SQL on {scheme}://{addr} ({}, {})",
             if opts.allow_writes {

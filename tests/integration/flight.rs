@@ -182,7 +182,13 @@ fn flight_sql_statements_stop_at_the_time_and_memory_limits() {
     if !adbc_available() {
         return;
     }
-    let server = serve(&["--insecure", "--query-timeout", "2", "--memory-limit", "32M"]);
+    let server = serve(&[
+        "--insecure",
+        "--query-timeout",
+        "2",
+        "--memory-limit",
+        "32M",
+    ]);
     client(&server, "", "limits", &[]);
 }
 

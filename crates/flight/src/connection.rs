@@ -29,9 +29,10 @@ pub struct ClientInfo {
 /// The connection a request came on (plain or TLS).
 pub fn client_info<T>(request: &Request<T>) -> Option<ClientInfo> {
     let ext = request.extensions();
-    ext.get::<ClientInfo>()
-        .copied()
-        .or_else(|| ext.get::<TlsConnectInfo<ClientInfo>>().map(|t| *t.get_ref()))
+    ext.get::<ClientInfo>().copied().or_else(|| {
+        ext.get::<TlsConnectInfo<ClientInfo>>()
+            .map(|t| *t.get_ref())
+    })
 }
 
 /// An accepted client connection; dropping it (the connection ended) closes its session.
@@ -181,8 +182,7 @@ mod tests {
     fn with_header(value: Option<&str>) -> Request<()> {
         let mut r = Request::new(());
         if let Some(v) = value {
-            r.metadata_mut()
-                .insert("authorization", v.parse().unwrap());
+            r.metadata_mut().insert("authorization", v.parse().unwrap());
         }
         r
     }
@@ -191,7 +191,12 @@ mod tests {
     fn the_token_is_required_and_compared_exactly() {
         let check = TokenCheck::new(Some("s3cret"));
         assert!(check.check(with_header(Some("Bearer s3cret"))).is_ok());
-        for bad in [None, Some("Bearer s3cre"), Some("Bearer s3cret2"), Some("Basic s3cret")] {
+        for bad in [
+            None,
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret2"),
+            Some("Basic s3cret"),
+        ] {
             let e = check.check(with_header(bad)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }

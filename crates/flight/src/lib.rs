@@ -235,7 +235,8 @@ mod tests {
 
     #[test]
     fn a_tls_file_without_pem_is_named() {
-        let path = std::env::temp_dir().join(format!("epifusion-flight-{}.pem", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("epifusion-flight-{}.pem", std::process::id()));
         std::fs::write(&path, "not PEM").unwrap();
         let e = read_pem("certificate", &path, "CERTIFICATE").unwrap_err();
         assert!(e.to_string().contains(&path.display().to_string()), "{e}");

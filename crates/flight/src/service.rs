@@ -25,8 +25,8 @@ use arrow_flight::sql::{
     SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
-    IpcMessage, SchemaAsIpc, Ticket,
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
 };
 use datafusion::common::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
@@ -69,8 +69,7 @@ fn with_read_only(read_only: bool) -> SqlInfoData {
     b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
     b.append(SqlInfo::FlightSqlServerArrowVersion, "59");
     b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
-    b.build()
-        .unwrap_or_else(|e| panic!("SqlInfo table: {e}"))
+    b.build().unwrap_or_else(|e| panic!("SqlInfo table: {e}"))
 }
 
 impl EpifusionFlightSql {
@@ -219,8 +218,9 @@ fn flight_status(e: FlightError) -> Status {
 
 /// The SQL a ticket or prepared-statement handle carries.
 fn handle_sql(handle: &[u8]) -> Result<String, Status> {
-    String::from_utf8(handle.to_vec())
-        .map_err(|_| Status::invalid_argument("the statement handle is not a statement of this server"))
+    String::from_utf8(handle.to_vec()).map_err(|_| {
+        Status::invalid_argument("the statement handle is not a statement of this server")
+    })
 }
 
 /// An IPC-encoded schema (prepared-statement results).
@@ -381,7 +381,11 @@ impl FlightSqlService for EpifusionFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        Self::flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())
+        Self::flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
     }
 
     async fn do_get_catalogs(
@@ -404,7 +408,11 @@ impl FlightSqlService for EpifusionFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        Self::flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())
+        Self::flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
     }
 
     async fn do_get_schemas(
@@ -432,7 +440,11 @@ impl FlightSqlService for EpifusionFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        Self::flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())
+        Self::flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
     }
 
     async fn do_get_tables(
@@ -499,8 +511,15 @@ impl FlightSqlService for EpifusionFlightSql {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(sql_info(self.allow_writes)).schema();
-        Self::flight_info(&schema, query.as_any().encode_to_vec(), request.into_inner())
+        let schema = query
+            .clone()
+            .into_builder(sql_info(self.allow_writes))
+            .schema();
+        Self::flight_info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
     }
 
     async fn do_get_sql_info(

@@ -39,7 +39,9 @@ impl Sessions {
     /// The session of connection `id`, created on its first request.
     pub fn session(&self, id: u64) -> SessionContext {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.entry(id).or_insert_with(|| self.new_client_session()).clone()
+        open.entry(id)
+            .or_insert_with(|| self.new_client_session())
+            .clone()
     }
 
     /// Forget connection `id`'s session (its connection closed).
@@ -183,9 +185,12 @@ mod tests {
         let (a, b) = (s.session(1), s.session(2));
         assert_eq!(rows(&a, "SELECT * FROM shared_t").await.unwrap(), 2);
         assert_eq!(rows(&b, "SELECT * FROM shared_t").await.unwrap(), 2);
-        rows(&a, "CREATE VIEW v AS SELECT * FROM shared_t WHERE column1 = 1")
-            .await
-            .unwrap();
+        rows(
+            &a,
+            "CREATE VIEW v AS SELECT * FROM shared_t WHERE column1 = 1",
+        )
+        .await
+        .unwrap();
         assert_eq!(rows(&a, "SELECT * FROM v").await.unwrap(), 1);
         let err = rows(&b, "SELECT * FROM v").await.unwrap_err().to_string();
         assert!(err.contains("not found"), "{err}");
@@ -200,14 +205,20 @@ mod tests {
     async fn shared_tables_cannot_be_dropped_or_replaced_by_a_client() {
         let s = sessions().await;
         let a = s.session(1);
-        let err = rows(&a, "DROP TABLE shared_t").await.unwrap_err().to_string();
+        let err = rows(&a, "DROP TABLE shared_t")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shared by every client"), "{err}");
         let err = rows(&a, "CREATE OR REPLACE VIEW shared_t AS SELECT 1")
             .await
             .unwrap_err()
             .to_string();
         assert!(err.contains("shared by every client"), "{err}");
-        assert_eq!(rows(&s.session(2), "SELECT * FROM shared_t").await.unwrap(), 2);
+        assert_eq!(
+            rows(&s.session(2), "SELECT * FROM shared_t").await.unwrap(),
+            2
+        );
     }
 
     #[tokio::test]
