@@ -107,7 +107,8 @@ impl ServeOptions {
     /// Refuse a server without a token that is reachable from other machines.
     pub fn check(&self) -> Result<(), ServeError> {
         let has_token = self.token.as_deref().is_some_and(|t| !t.is_empty());
-        if !has_token && !(self.insecure && self.bind.ip().is_loopback()) {
+        let insecure_loopback = self.insecure && self.bind.ip().is_loopback();
+        if !(has_token || insecure_loopback) {
             return Err(ServeError::TokenRequired(self.bind));
         }
         Ok(())

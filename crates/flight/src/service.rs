@@ -380,7 +380,7 @@ impl FlightSqlService for EpifusionFlightSql {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         Self::flight_info(
             &schema,
             query.as_any().encode_to_vec(),
