@@ -13,11 +13,13 @@
 //! | [`backend`] | `epifusion-core` + `epifusion-cuda` | devices; the CUDA backend behind the core's `GpuBackend` trait |
 //! | [`engine`] | `epifusion-sql` | Arrow / Parquet / CSV glue, SQL functions, OMOP stores, study designs |
 //! | [`pipeline`] | `epifusion-pipeline` | study files run by `epifusion run` |
+//! | [`flight`] | `epifusion-flight` | the Arrow Flight SQL server of `epifusion serve` |
 //!
 //! The CLI (`src/main.rs`, one module per subcommand in `src/cli/`) sits on top.
 #![warn(missing_docs)]
 
 pub use epifusion_core::{bench, error, fit, model, options, Error, Result};
+pub use epifusion_flight as flight;
 pub use epifusion_pipeline as pipeline;
 pub use epifusion_sql as engine;
 

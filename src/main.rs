@@ -30,6 +30,7 @@ fn main() {
         Command::Fit(a) => cli::fit::run_fit(&a),
         Command::Bench(a) => cli::bench::run_bench(&a),
         Command::Sql(a) => cli::sql::run_sql_command(&a),
+        Command::Serve(a) => cli::serve::run_serve(&a),
         Command::Import(a) => cli::import::run_import(&a),
         Command::BenchOmop(a) => cli::bench_omop::run_bench_omop(&a),
         Command::Run(a) => cli::run::run_pipeline(&a),

@@ -22,6 +22,7 @@ pub(crate) mod bench_omop;
 pub(crate) mod fit;
 pub(crate) mod import;
 pub(crate) mod run;
+pub(crate) mod serve;
 pub(crate) mod sql;
 
 pub(crate) use bench::BenchArgs;
@@ -29,6 +30,7 @@ pub(crate) use bench_omop::BenchOmopArgs;
 pub(crate) use fit::FitArgs;
 pub(crate) use import::ImportArgs;
 pub(crate) use run::RunArgs;
+pub(crate) use serve::ServeArgs;
 pub(crate) use sql::SqlArgs;
 
 #[derive(Parser, Debug)]
@@ -51,6 +53,9 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Run SQL with every epifusion function registered (`-c`, `-f`, or an interactive shell).
     Sql(SqlArgs),
+    /// Serve SQL with every epifusion function over Arrow Flight SQL (ADBC, JDBC); read-only
+    /// unless --allow-writes, a bearer token unless --insecure on loopback.
+    Serve(Box<ServeArgs>),
     /// Convert an OMOP CSV dump to typed Parquet (one file per CDM table).
     Import(ImportArgs),
     /// Time the study-design builders (SCCS intervals, a Cox risk set) on a seeded synthetic

@@ -3,6 +3,7 @@
 mod cli;
 mod docs;
 mod fit_api;
+mod flight;
 mod fuzz;
 mod golden_cox;
 mod golden_fine_gray;
