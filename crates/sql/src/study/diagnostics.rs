@@ -48,17 +48,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use datafusion::arrow::array::{
     Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{exec_datafusion_err, exec_err, plan_err, Result as DfResult};
-use datafusion::datasource::TableType;
-use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use epifusion_core::calibration::{ease, fit_null};
 use epifusion_core::fit::{fit, FitOptions, FitResult};
@@ -69,9 +65,9 @@ use epifusion_core::sccs_diagnostics::{
     outcome_rate_per_month, time_stability, CaseMonths, DiagnosticThresholds, Status,
 };
 
+use super::functions::StudyTable;
 use super::sccs::{load_sccs, Anchor, SccsCases, PROBE_ID};
 use super::{civil_from_days, query, Domain, SccsDesign};
-use crate::exec::{EpiExec, NodeSpec};
 use crate::fit_table::{check_table_arg, run_blocking, string_args, table_sql};
 
 /// What a diagnostics function returns.
@@ -187,7 +183,7 @@ impl TableFunctionImpl for SccsDiagnosticsFunction {
             );
         }
         let work = DiagnosticsWork::parse(self.name, self.part, &strings[0])?;
-        Ok(Arc::new(DiagnosticsTable {
+        Ok(Arc::new(StudyTable {
             name: self.name,
             schema: work.schema(),
             settings_json: strings[0].clone(),
@@ -225,43 +221,6 @@ impl DiagnosticsWork {
             DiagnosticsPart::Diagnostics => diagnostics(&ctx, &self.settings).await,
             DiagnosticsPart::TimeToEvent => time_to_event(&ctx, &self.settings.design).await,
         }
-    }
-}
-
-#[derive(Debug)]
-struct DiagnosticsTable {
-    name: &'static str,
-    settings_json: String,
-    schema: SchemaRef,
-}
-
-#[async_trait]
-impl TableProvider for DiagnosticsTable {
-    fn schema(&self) -> SchemaRef {
-        self.schema.clone()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Temporary
-    }
-
-    async fn scan(
-        &self,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let spec = NodeSpec::Study {
-            function: self.name.to_string(),
-            settings: self.settings_json.clone(),
-        };
-        Ok(Arc::new(EpiExec::try_new(
-            spec,
-            Vec::new(),
-            projection.cloned(),
-            Some(crate::planning::session_context(state)),
-        )?))
     }
 }
 

@@ -162,12 +162,16 @@ impl StudyWork {
     }
 }
 
-/// The table a study function call produces.
+/// The table a study function call produces (also `sccs_diagnostics` / `sccs_time_to_event`):
+/// its scan is an [`EpiExec`] of [`NodeSpec::Study`] over the calling session's tables.
 #[derive(Debug)]
-struct StudyTable {
-    name: &'static str,
-    settings_json: String,
-    schema: SchemaRef,
+pub(crate) struct StudyTable {
+    /// The SQL function.
+    pub(crate) name: &'static str,
+    /// The settings JSON as written.
+    pub(crate) settings_json: String,
+    /// The table's schema.
+    pub(crate) schema: SchemaRef,
 }
 
 async fn build(ctx: SessionContext, settings: Settings) -> DfResult<StudyTables> {

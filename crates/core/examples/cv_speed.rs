@@ -1,0 +1,58 @@
+//! Auto cross-validation time (issue #13 item 6) on the DESIGN.md §10 recipe: Cox (or
+//! Fine–Gray), N rows, P = 1000 indicator columns at 5 % density, Laplace prior, 10-fold auto
+//! CV at the default options; CPU and wall seconds of the whole fit (CV + the final fit), the
+//! chosen variance, the candidates tried and the fits run, and a fingerprint of the
+//! coefficients' bits (equal for every thread count).
+//!
+//! `cargo run -p epifusion-core --release --example cv_speed -- [cox|fine_gray] [N] [threads]`
+
+use std::time::Instant;
+
+use epifusion_core::bench::{cox_data, cpu_seconds, fine_gray_data};
+use epifusion_core::fit::{fit, FitOptions};
+use epifusion_core::model::cv::CvOptions;
+use epifusion_core::model::prior::Prior;
+use epifusion_core::model::ModelKind;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let model = match args.get(1).map_or("cox", String::as_str) {
+        "fine_gray" | "fg" => ModelKind::FineGray,
+        _ => ModelKind::Cox,
+    };
+    let n: usize = args.get(2).map_or(100_000, |s| s.parse().expect("N"));
+    let threads: usize = args.get(3).map_or(1, |s| s.parse().expect("threads"));
+    let data = match model {
+        ModelKind::Cox => cox_data(n, 1000, 0.05, 123),
+        _ => fine_gray_data(n, 1000, 0.05, 123),
+    }
+    .expect("data");
+    let mut opts = FitOptions::new(model);
+    opts.prior = Prior::Laplace { lambda: 1.0 };
+    opts.threads = Some(threads);
+    opts.cv = Some(CvOptions {
+        folds: 10,
+        ..Default::default()
+    });
+    let (cpu0, t0) = (cpu_seconds().unwrap_or(0.0), Instant::now());
+    let r = fit(&data.design, &opts).expect("fit");
+    let (cpu, wall) = (
+        cpu_seconds().unwrap_or(0.0) - cpu0,
+        t0.elapsed().as_secs_f64(),
+    );
+    let cv = r.cv.as_ref().expect("cv ran");
+    let fingerprint = r
+        .coefficients
+        .iter()
+        .fold(0u64, |h, c| h.rotate_left(5) ^ c.estimate.to_bits());
+    println!(
+        "{} N={n} threads={threads}: cpu {cpu:.2} s, wall {wall:.2} s, variance {:.4e}, \
+         candidates {}, fits {}, stop {}, status {}, fingerprint {fingerprint:016x}",
+        model.name(),
+        cv.variance,
+        cv.curve.len(),
+        cv.fits,
+        cv.stop_reason,
+        r.status.name(),
+    );
+}
