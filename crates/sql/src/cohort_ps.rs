@@ -668,12 +668,14 @@ fn with_passthrough(
     let keep: Vec<usize> = (0..input.num_columns())
         .filter(|&i| !written.contains(&input.schema().field(i).name().as_str()))
         .collect();
-    let rest = input.project(&keep)?;
-    let rest = match take {
-        Some(t) => take_record_batch(&rest, t)?,
-        None => rest,
-    };
-    fixed.extend(rest.columns().iter().cloned());
+    if !keep.is_empty() {
+        let rest = input.project(&keep)?;
+        let rest = match take {
+            Some(t) => take_record_batch(&rest, t)?,
+            None => rest,
+        };
+        fixed.extend(rest.columns().iter().cloned());
+    }
     Ok(RecordBatch::try_new(schema.clone(), fixed)?)
 }
 
