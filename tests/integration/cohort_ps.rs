@@ -59,7 +59,8 @@ fn generate(n: usize, seed: u64) -> Cohort {
         time.push(event.min(censor));
         y.push(i64::from(event <= censor));
     }
-    let batch = |fields: Vec<(&str, DataType)>, columns: Vec<Arc<dyn datafusion::arrow::array::Array>>| {
+    let batch = |fields: Vec<(&str, DataType)>,
+                 columns: Vec<Arc<dyn datafusion::arrow::array::Array>>| {
         let schema = Schema::new(
             fields
                 .into_iter()
@@ -89,7 +90,10 @@ fn generate(n: usize, seed: u64) -> Cohort {
             ],
         ),
         covariates: batch(
-            vec![("row_id", DataType::Int64), ("covariate_id", DataType::Int64)],
+            vec![
+                ("row_id", DataType::Int64),
+                ("covariate_id", DataType::Int64),
+            ],
             vec![
                 Arc::new(Int64Array::from(cov_row)),
                 Arc::new(Int64Array::from(cov_id)),
@@ -144,7 +148,11 @@ async fn cox_treatment(ctx: &SessionContext, outcomes_sql: &str) -> (f64, f64, f
         outcomes_sql.replace('\'', "''")
     );
     let r = query(ctx, &sql).await;
-    let (b, lo, hi) = (f64s(&r, "estimate"), f64s(&r, "ci_lower"), f64s(&r, "ci_upper"));
+    let (b, lo, hi) = (
+        f64s(&r, "estimate"),
+        f64s(&r, "ci_lower"),
+        f64s(&r, "ci_upper"),
+    );
     assert_eq!(b.len(), 1, "{sql}");
     (b[0], lo[0], hi[0])
 }
@@ -204,7 +212,11 @@ async fn matching_on_the_propensity_score_removes_confounding() {
         assert_eq!(members.len(), 2, "set {set}: {members:?}");
         assert_eq!(members[0].0 + members[1].0, 1, "set {set}: {members:?}");
         let gap = (logit(members[0].1) - logit(members[1].1)).abs();
-        assert!(gap <= 0.2 * sd * (1.0 + 1e-9), "set {set}: {gap} > {}", 0.2 * sd);
+        assert!(
+            gap <= 0.2 * sd * (1.0 + 1e-9),
+            "set {set}: {gap} > {}",
+            0.2 * sd
+        );
     }
     let n_pairs = by_set.len();
     eprintln!("{n_pairs} matched pairs");
@@ -222,7 +234,10 @@ async fn matching_on_the_propensity_score_removes_confounding() {
         matched.1 < 0.0 && matched.2 > 0.0,
         "the matched CI should cover 1: {matched:?}"
     );
-    assert!(matched.0.abs() < crude.0.abs() / 2.0, "{matched:?} vs {crude:?}");
+    assert!(
+        matched.0.abs() < crude.0.abs() / 2.0,
+        "{matched:?} vs {crude:?}"
+    );
 
     // Balance: before = every subject, after = the matched sets.
     let b = query(
@@ -327,7 +342,10 @@ async fn a_perfect_predictor_or_a_single_arm_is_a_clear_error() {
         leaky.replace('\'', "''")
     );
     let e = query_error(&ctx, &sql).await;
-    assert!(e.contains("cohort_propensity_scores") && e.contains("99"), "{e}");
+    assert!(
+        e.contains("cohort_propensity_scores") && e.contains("99"),
+        "{e}"
+    );
     assert!(e.contains("high correlation"), "{e}");
     let sql = format!(
         "SELECT * FROM cohort_propensity_scores('subjects', '{}', '{{\"variance\": 1, \

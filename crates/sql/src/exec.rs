@@ -528,6 +528,18 @@ mod tests {
              se_log_rr FROM d')",
             "SELECT calibrated_p FROM calibrate_estimates('SELECT x1 AS log_rr, x2 + 0.1 AS \
              se_log_rr FROM d', 'SELECT x1 - 1.2 AS log_rr, x2 + 0.1 AS se_log_rr FROM d')",
+            "SELECT row_id, propensity_score, preference_score FROM cohort_propensity_scores(\
+             'SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS treatment FROM d', 'SELECT \
+             CAST(x1 * 10 AS BIGINT) AS row_id, 1 AS covariate_id FROM d WHERE x2 > 1', \
+             '{\"variance\": 1}')",
+            "SELECT * FROM cohort_match('SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS \
+             treatment, x2 / 3 AS propensity_score, x1 FROM d', '{\"caliper\": 0}')",
+            "SELECT row_id, stratum_id FROM cohort_stratify('SELECT CAST(x1 * 10 AS BIGINT) AS \
+             row_id, y AS treatment, x2 / 3 AS propensity_score FROM d')",
+            "SELECT * FROM cohort_balance('SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS \
+             treatment, x2 AS weight FROM d WHERE x1 > 0.5', 'SELECT CAST(x1 * 10 AS BIGINT) AS \
+             row_id, 1 AS covariate_id FROM d WHERE x2 > 1', '{\"before\": \"SELECT CAST(x1 * \
+             10 AS BIGINT) AS row_id, y AS treatment FROM d\"}')",
         ] {
             let plan = plan_of(&ctx, sql).await;
             let here = collect(plan.clone(), ctx.task_ctx()).await.unwrap();
