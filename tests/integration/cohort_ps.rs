@@ -259,6 +259,21 @@ async fn matching_on_the_propensity_score_removes_confounding() {
     .await;
     assert_eq!(i64s(&rows, "covariate_id").len(), 20);
 
+    // CohortMethod's diagnostics: balance, equipoise and MDRR pass after matching.
+    let d = query(
+        &ctx,
+        "SELECT diagnostic, status FROM cohort_diagnostics('SELECT m.row_id, m.treatment, \
+         m.stratum_id, o.y AS outcome_count, o.time AS time_at_risk FROM matched m JOIN \
+         outcomes o USING (row_id)', 'covariates', '{\"before\": \"ps\"}')",
+    )
+    .await;
+    let status = crate::study::strings(&d, "status");
+    assert_eq!(
+        crate::study::strings(&d, "diagnostic"),
+        ["balance", "equipoise", "mdrr", "unblind"]
+    );
+    assert_eq!(status, ["PASS", "PASS", "PASS", "PASS"], "{d:?}");
+
     // Stratification into 5 quantile strata removes most of the crude bias.
     let stratified = cox_treatment(
         &ctx,

@@ -21,6 +21,11 @@
 //!   query with `row_id`, `treatment`; every `adjusted` row must be one of its subjects) or,
 //!   without it, the adjusted rows unweighted → one row per covariate with the
 //!   `cm_covariate_balance` columns.
+//! * `cohort_diagnostics(adjusted, covariates [, settings])`: the same inputs (plus
+//!   `propensity_score` for equipoise and `outcome_count` [, `time_at_risk`] for the MDRR) →
+//!   CohortMethod's pass/fail diagnostics `balance`, `equipoise`, `mdrr` and `unblind`
+//!   ([`DiagnosticThresholds`]); generalizability, shared balance and EASE are not computed
+//!   here (NOT EVALUATED, they never block).
 //!
 //! Covariate rows whose `row_id` is not a subject are ignored (the covariates table usually
 //! holds the whole cohort). NULL ids, treatments, scores or values, treatments other than
@@ -44,9 +49,12 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use epifusion_core::cohort::balance::{covariate_balance, AdjustedPopulation, Adjustment};
+use epifusion_core::cohort::balance::{covariate_balance, AdjustedPopulation, Adjustment, Balance};
+use epifusion_core::cohort::diagnostics::{evaluate, DiagnosticThresholds, DiagnosticValues};
 use epifusion_core::cohort::matching::{match_on_ps, MatchSettings};
+use epifusion_core::cohort::power::{mdrr_summary, MdrrSettings};
 use epifusion_core::cohort::preference::preference_scores;
+use epifusion_core::cohort::preference::EquipoiseSettings;
 use epifusion_core::cohort::ps::{fit_propensity, PsSettings};
 use epifusion_core::cohort::stratify::{stratify_by_ps, StratifySettings};
 use epifusion_core::cohort::weights::{iptw, IptwSettings};
@@ -69,15 +77,18 @@ pub enum CohortPart {
     Weights,
     /// `cohort_balance(adjusted, covariates [, settings])`.
     Balance,
+    /// `cohort_diagnostics(adjusted, covariates [, settings])`.
+    Diagnostics,
 }
 
 /// The comparative-cohort SQL functions.
-pub const COHORT_FUNCTIONS: [(&str, CohortPart); 5] = [
+pub const COHORT_FUNCTIONS: [(&str, CohortPart); 6] = [
     ("cohort_propensity_scores", CohortPart::PropensityScores),
     ("cohort_match", CohortPart::Match),
     ("cohort_stratify", CohortPart::Stratify),
     ("cohort_weights", CohortPart::Weights),
     ("cohort_balance", CohortPart::Balance),
+    ("cohort_diagnostics", CohortPart::Diagnostics),
 ];
 
 impl CohortPart {
@@ -85,7 +96,7 @@ impl CohortPart {
     fn tables(self) -> &'static [&'static str] {
         match self {
             CohortPart::PropensityScores => &["subjects", "covariates"],
-            CohortPart::Balance => &["adjusted", "covariates"],
+            CohortPart::Balance | CohortPart::Diagnostics => &["adjusted", "covariates"],
             _ => &["ps_rows"],
         }
     }
@@ -97,6 +108,9 @@ impl CohortPart {
             }
             CohortPart::Balance => {
                 "adjusted: row_id, treatment [, stratum_id | weight]; covariates: row_id, covariate_id [, covariate_value]; settings JSON"
+            }
+            CohortPart::Diagnostics => {
+                "adjusted: row_id, treatment [, stratum_id | weight] [, propensity_score] [, outcome_count, time_at_risk]; covariates: row_id, covariate_id [, covariate_value]; settings JSON"
             }
             _ => "ps_rows: row_id, treatment, propensity_score [, stratum_id]; settings JSON",
         }
@@ -115,7 +129,7 @@ impl CohortPart {
                 &["row_id", "treatment", "propensity_score", "stratum_id"]
             }
             CohortPart::Weights => &["row_id", "treatment", "propensity_score", "weight"],
-            CohortPart::Balance => &[],
+            CohortPart::Balance | CohortPart::Diagnostics => &[],
         }
     }
 }
@@ -232,6 +246,20 @@ struct BalanceSettings {
     before: Option<String>,
 }
 
+/// `cohort_diagnostics`' settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct DiagnosticsSettings {
+    /// The population before adjustment (row_id, treatment [, propensity_score]).
+    before: Option<String>,
+    /// Pass/fail thresholds (`createCmDiagnosticThresholds`).
+    thresholds: DiagnosticThresholds,
+    /// MDRR settings (`computeMdrr`).
+    mdrr: MdrrSettings,
+    /// Preference-score bounds of equipoise.
+    equipoise: EquipoiseSettings,
+}
+
 /// The checked settings of a function.
 #[derive(Debug, Clone, PartialEq)]
 enum Settings {
@@ -240,6 +268,7 @@ enum Settings {
     Stratify(StratifySettings),
     Weights(IptwSettings),
     Balance(BalanceSettings),
+    Diagnostics(DiagnosticsSettings),
 }
 
 /// The checked form of a cohort node: what `execute` needs.
@@ -323,6 +352,13 @@ impl CohortWork {
                 Settings::Weights(s)
             }
             CohortPart::Balance => Settings::Balance(parse_settings(function, value)?),
+            CohortPart::Diagnostics => {
+                let s: DiagnosticsSettings = parse_settings(function, value)?;
+                check(s.thresholds.check())?;
+                check(s.mdrr.check())?;
+                check(s.equipoise.check())?;
+                Settings::Diagnostics(s)
+            }
         };
         Ok(CohortWork {
             function: function.to_string(),
@@ -335,6 +371,7 @@ impl CohortWork {
     fn before(&self) -> Option<&str> {
         match &self.settings {
             Settings::Balance(b) => b.before.as_deref(),
+            Settings::Diagnostics(d) => d.before.as_deref(),
             _ => None,
         }
     }
@@ -370,6 +407,14 @@ impl CohortWork {
                     fields.push(f(name, DataType::Float64, true));
                 }
                 return Ok(Arc::new(Schema::new(fields)));
+            }
+            (_, CohortPart::Diagnostics) => {
+                return Ok(Arc::new(Schema::new(vec![
+                    f("diagnostic", DataType::Utf8, false),
+                    f("value", DataType::Float64, true),
+                    f("threshold", DataType::Float64, true),
+                    f("status", DataType::Utf8, false),
+                ])))
             }
             (_, part) => {
                 let last = match part {
@@ -435,6 +480,7 @@ impl CohortWork {
             Settings::Stratify(s) => self.adjust(schema, &batches[0], Adjust::Stratify(s)).await,
             Settings::Weights(s) => self.adjust(schema, &batches[0], Adjust::Weights(s)).await,
             Settings::Balance(_) => self.balance(schema, &batches).await,
+            Settings::Diagnostics(d) => self.diagnostics(schema, &batches, d).await,
         };
         r.map_err(|e| named(&function, e))
     }
@@ -560,64 +606,7 @@ impl CohortWork {
     }
 
     async fn balance(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> DfResult<RecordBatch> {
-        let adjusted = &batches[0];
-        let (adj_ids, adj_treatment) = read_subjects(adjusted, "adjusted")?;
-        row_index(&adj_ids, "adjusted")?;
-        let (row_id, treatment) = match batches.get(2) {
-            Some(before) => read_subjects(before, "before")?,
-            None => (adj_ids.clone(), adj_treatment.clone()),
-        };
-        let index = row_index(&row_id, "before")?;
-        let x = read_covariates(&batches[1], &index, &row_id)?;
-        let has_strata = adjusted.column_by_name("stratum_id").is_some();
-        let has_weight = adjusted.column_by_name("weight").is_some();
-        if has_strata && has_weight {
-            return plan_err!("adjusted: has both `stratum_id` and `weight`; give one adjustment");
-        }
-        // Position of each adjusted row in the population before adjustment, sorted.
-        let mut order: Vec<(usize, usize)> = Vec::with_capacity(adj_ids.len());
-        for (k, id) in adj_ids.iter().enumerate() {
-            let &i = index.get(id).ok_or_else(|| {
-                exec_datafusion_err!(
-                    "adjusted: row {} (row_id {id}) is not a subject of `before`",
-                    k + 1
-                )
-            })?;
-            if treatment[i] != adj_treatment[k] {
-                return Err(exec_datafusion_err!(
-                    "adjusted: row {} (row_id {id}): treatment differs from `before`",
-                    k + 1
-                ));
-            }
-            order.push((i, k));
-        }
-        order.sort_unstable();
-        let kept: Vec<usize> = order.iter().map(|o| o.0).collect();
-        let strata = if has_strata {
-            let s = i64_values(adjusted, "stratum_id", "adjusted")?;
-            Some(order.iter().map(|o| s[o.1]).collect::<Vec<_>>())
-        } else {
-            None
-        };
-        let weights = if has_weight {
-            let w = f64_values(adjusted, "weight", "adjusted")?;
-            Some(order.iter().map(|o| w[o.1]).collect::<Vec<_>>())
-        } else {
-            None
-        };
-        let b = run_blocking("covariate balance", move || {
-            let adjustment = match (&strata, &weights) {
-                (Some(s), _) => Adjustment::Strata(s),
-                (_, Some(w)) => Adjustment::Iptw(w),
-                _ => Adjustment::None,
-            };
-            let after = AdjustedPopulation {
-                kept: &kept,
-                adjustment,
-            };
-            covariate_balance(&treatment, &x, &after)
-        })
-        .await?;
+        let b = compute_balance(batches).await?;
         let ids = Int64Array::from_iter_values(b.covariates.iter().map(|c| c.covariate_id));
         let mut columns: Vec<ArrayRef> = vec![Arc::new(ids)];
         let stat = |before: bool, k: usize| -> ArrayRef {
@@ -637,6 +626,156 @@ impl CohortWork {
         }
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
+
+    async fn diagnostics(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        settings: DiagnosticsSettings,
+    ) -> DfResult<RecordBatch> {
+        let balance = compute_balance(batches).await?;
+        let adjusted = &batches[0];
+        // Equipoise on the population before adjustment (CohortMethod: the whole population).
+        let population = batches.get(2).unwrap_or(adjusted);
+        let equipoise = match population.column_by_name("propensity_score") {
+            Some(_) => {
+                let input = if batches.len() > 2 {
+                    "before"
+                } else {
+                    "adjusted"
+                };
+                let (_, arms) = read_subjects(population, input)?;
+                let ps = f64_values(population, "propensity_score", input)?;
+                Some(
+                    epifusion_core::cohort::preference::equipoise(&arms, &ps, &settings.equipoise)
+                        .into_df()?,
+                )
+            }
+            None => None,
+        };
+        let mdrr = match adjusted.column_by_name("outcome_count") {
+            Some(_) => {
+                let (_, arms) = read_subjects(adjusted, "adjusted")?;
+                let counts = i64_values(adjusted, "outcome_count", "adjusted")?;
+                if let Some(k) = counts.iter().position(|&c| c < 0) {
+                    return Err(exec_datafusion_err!(
+                        "adjusted: row {}: outcome_count is negative",
+                        k + 1
+                    ));
+                }
+                let counts: Vec<u32> = counts.iter().map(|&c| c.min(1) as u32).collect();
+                let days = match adjusted.column_by_name("time_at_risk") {
+                    Some(_) => f64_values(adjusted, "time_at_risk", "adjusted")?,
+                    None => vec![0.0; counts.len()],
+                };
+                Some(
+                    mdrr_summary(&arms, &counts, &days, &settings.mdrr)
+                        .into_df()?
+                        .mdrr,
+                )
+            }
+            None => None,
+        };
+        let values = DiagnosticValues {
+            max_sdm: balance.max_abs_std_diff_after,
+            equipoise,
+            mdrr,
+            ..Default::default()
+        };
+        let t = &settings.thresholds;
+        let d = evaluate(&values, t).into_df()?;
+        let rows = [
+            (
+                "balance",
+                values.max_sdm,
+                Some(t.sdm_threshold),
+                d.balance.label(),
+            ),
+            (
+                "equipoise",
+                values.equipoise,
+                Some(t.equipoise_threshold),
+                d.equipoise.label(),
+            ),
+            ("mdrr", values.mdrr, Some(t.mdrr_threshold), d.mdrr.label()),
+            (
+                "unblind",
+                None,
+                None,
+                if d.unblind { "PASS" } else { "FAIL" },
+            ),
+        ];
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.1))),
+            Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.2))),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.3))),
+        ];
+        Ok(RecordBatch::try_new(schema.clone(), columns)?)
+    }
+}
+
+/// Covariate balance of `adjusted` (batch 0) against the population before adjustment (batch 2
+/// when given, else the adjusted rows unweighted), with the covariates of batch 1.
+async fn compute_balance(batches: &[RecordBatch]) -> DfResult<Balance> {
+    let adjusted = &batches[0];
+    let (adj_ids, adj_treatment) = read_subjects(adjusted, "adjusted")?;
+    row_index(&adj_ids, "adjusted")?;
+    let (row_id, treatment) = match batches.get(2) {
+        Some(before) => read_subjects(before, "before")?,
+        None => (adj_ids.clone(), adj_treatment.clone()),
+    };
+    let index = row_index(&row_id, "before")?;
+    let x = read_covariates(&batches[1], &index, &row_id)?;
+    let has_strata = adjusted.column_by_name("stratum_id").is_some();
+    let has_weight = adjusted.column_by_name("weight").is_some();
+    if has_strata && has_weight {
+        return plan_err!("adjusted: has both `stratum_id` and `weight`; give one adjustment");
+    }
+    // Position of each adjusted row in the population before adjustment, sorted.
+    let mut order: Vec<(usize, usize)> = Vec::with_capacity(adj_ids.len());
+    for (k, id) in adj_ids.iter().enumerate() {
+        let &i = index.get(id).ok_or_else(|| {
+            exec_datafusion_err!(
+                "adjusted: row {} (row_id {id}) is not a subject of `before`",
+                k + 1
+            )
+        })?;
+        if treatment[i] != adj_treatment[k] {
+            return Err(exec_datafusion_err!(
+                "adjusted: row {} (row_id {id}): treatment differs from `before`",
+                k + 1
+            ));
+        }
+        order.push((i, k));
+    }
+    order.sort_unstable();
+    let kept: Vec<usize> = order.iter().map(|o| o.0).collect();
+    let strata = if has_strata {
+        let s = i64_values(adjusted, "stratum_id", "adjusted")?;
+        Some(order.iter().map(|o| s[o.1]).collect::<Vec<_>>())
+    } else {
+        None
+    };
+    let weights = if has_weight {
+        let w = f64_values(adjusted, "weight", "adjusted")?;
+        Some(order.iter().map(|o| w[o.1]).collect::<Vec<_>>())
+    } else {
+        None
+    };
+    run_blocking("covariate balance", move || {
+        let adjustment = match (&strata, &weights) {
+            (Some(s), _) => Adjustment::Strata(s),
+            (_, Some(w)) => Adjustment::Iptw(w),
+            _ => Adjustment::None,
+        };
+        let after = AdjustedPopulation {
+            kept: &kept,
+            adjustment,
+        };
+        covariate_balance(&treatment, &x, &after)
+    })
+    .await
 }
 
 /// The statistic columns of `cohort_balance` (after `covariate_id`).
@@ -898,6 +1037,29 @@ pub(crate) fn documentation(name: &str, part: CohortPart) -> Documentation {
         )
         .with_sql_example(format!(
             "SELECT max(abs(std_diff_after)) FROM {name}('SELECT row_id, treatment, stratum_id FROM cohort_match(''ps'')', 'covariates', '{{\"before\": \"subjects\"}}');"
+        ))
+        .build(),
+        CohortPart::Diagnostics => Documentation::builder(
+            section,
+            "CohortMethod's study diagnostics (createCmDiagnosticThresholds) of an adjusted \
+             population: one row per diagnostic with diagnostic, value, threshold, status \
+             (PASS, FAIL, NOT EVALUATED): balance (max |SDM| after adjustment < 0.1), \
+             equipoise (share of the population before adjustment with a preference score in \
+             [0.3, 0.7] ≥ 0.2; needs propensity_score), mdrr (minimum detectable relative risk \
+             of the adjusted population < 10; needs outcome_count), unblind (none failed).",
+            format!("{name}(adjusted, covariates [, settings])"),
+        )
+        .with_argument(
+            "adjusted",
+            "Table name or read-only SQL query: row_id, treatment (0/1) [, stratum_id | weight] [, propensity_score] [, outcome_count, time_at_risk]",
+        )
+        .with_argument("covariates", covariates)
+        .with_argument(
+            "settings",
+            "JSON object: before (as cohort_balance's; its propensity_score gives the equipoise); thresholds (mdrr_threshold [10], ease_threshold [0.25], sdm_threshold [0.1], equipoise_threshold [0.2], generalizability_sdm_threshold [1]); mdrr (alpha [0.05], power [0.8], two_sided [true], model_type (cox | logistic) [cox]); equipoise (bounds [[0.3, 0.7]])",
+        )
+        .with_sql_example(format!(
+            "SELECT diagnostic, value, status FROM {name}('SELECT m.row_id, m.treatment, m.stratum_id, o.y AS outcome_count FROM matched m JOIN outcomes o USING (row_id)', 'covariates', '{{\"before\": \"ps\"}}');"
         ))
         .build(),
     }
