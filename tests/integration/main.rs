@@ -1,6 +1,7 @@
 //! Integration tests, compiled as one binary.
 
 mod cli;
+mod cohort_ps;
 mod docs;
 mod fit_api;
 mod flight;

@@ -151,7 +151,7 @@ fn input_schema(session: &dyn Session, sql: &str) -> DfResult<SchemaRef> {
 }
 
 /// Run `fut` to completion from synchronous planning code inside the runtime.
-fn block_on<T: Send + 'static>(
+pub(crate) fn block_on<T: Send + 'static>(
     fut: impl std::future::Future<Output = DfResult<T>> + Send + 'static,
 ) -> DfResult<T> {
     use tokio::runtime::{Handle, RuntimeFlavor};

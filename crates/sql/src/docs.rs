@@ -18,7 +18,7 @@ use crate::study::diagnostics::DiagnosticsPart;
 use crate::study::functions::{Design, Part};
 use epifusion_core::model::ModelKind;
 
-const SECTION: DocSection = DocSection {
+pub(crate) const SECTION: DocSection = DocSection {
     include: true,
     label: "epifusion",
     description: Some("Regularized regression for drug-safety studies"),
@@ -244,6 +244,9 @@ pub fn all_docs() -> &'static BTreeMap<&'static str, Documentation> {
                 }
                 SqlRole::SccsDiagnostics(part) => {
                     m.insert(f.name, diagnostics_doc(f.name, part));
+                }
+                SqlRole::Cohort(part) => {
+                    m.insert(f.name, crate::cohort_ps::documentation(f.name, part));
                 }
                 SqlRole::DesignMatrix | SqlRole::Functions => {}
             }

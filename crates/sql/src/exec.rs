@@ -1,6 +1,6 @@
 //! epifusion's execution-plan node and its extension codec.
 //!
-//! A fit, an empirical null, a calibration or a study build is one [`EpiExec`]: a plan node whose
+//! A fit, an empirical null, a calibration, a comparative-cohort step or a study build is one [`EpiExec`]: a plan node whose
 //! work is described by a serializable [`NodeSpec`] (the function's name and its JSON options or
 //! settings — the same text the user wrote) and whose inputs are ordinary child plans (the
 //! planned `outcomes` / `covariates` / `negatives` / `estimates` queries). Nothing in it is a
@@ -54,6 +54,14 @@ pub enum NodeSpec {
     EmpiricalNull,
     /// `calibrate_estimates`: children `negatives`, `estimates`.
     CalibrateEstimates,
+    /// A comparative-cohort function (`cohort_propensity_scores`, `cohort_match`, …): children
+    /// its table arguments in order (and `cohort_balance`'s `before` query last).
+    Cohort {
+        /// The SQL function, e.g. `cohort_match`.
+        function: String,
+        /// The settings JSON as written (empty: defaults).
+        settings: String,
+    },
     /// A study table function (`sccs_intervals`, …, `sccs_diagnostics`): no children.
     Study {
         /// The SQL function, e.g. `sccs_intervals` (names the design and the table).
@@ -67,7 +75,9 @@ impl NodeSpec {
     /// The function's SQL name.
     pub fn function(&self) -> &str {
         match self {
-            NodeSpec::Fit { function, .. } | NodeSpec::Study { function, .. } => function,
+            NodeSpec::Fit { function, .. }
+            | NodeSpec::Study { function, .. }
+            | NodeSpec::Cohort { function, .. } => function,
             NodeSpec::EmpiricalNull => "empirical_null",
             NodeSpec::CalibrateEstimates => "calibrate_estimates",
         }
@@ -89,6 +99,7 @@ impl NodeSpec {
             NodeSpec::EmpiricalNull => 1..=1,
             NodeSpec::CalibrateEstimates => 2..=2,
             NodeSpec::Study { .. } => 0..=0,
+            NodeSpec::Cohort { .. } => 1..=3,
         }
     }
 }
@@ -101,6 +112,7 @@ enum Work {
     CalibrateEstimates,
     Study(crate::study::functions::StudyWork),
     Diagnostics(crate::study::diagnostics::DiagnosticsWork),
+    Cohort(crate::cohort_ps::CohortWork),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -153,6 +165,18 @@ impl EpiExec {
                 Work::CalibrateEstimates,
                 crate::calibration::calibrated_schema(&children[1].schema())?,
             ),
+            (NodeSpec::Cohort { function, settings }, SqlRole::Cohort(part)) => {
+                let work = crate::cohort_ps::CohortWork::parse(function, part, settings)?;
+                if children.len() != work.inputs() {
+                    return Err(plan_datafusion_err!(
+                        "{function} takes {} input plans, got {}",
+                        work.inputs(),
+                        children.len()
+                    ));
+                }
+                let schema = work.schema(&children[0].schema())?;
+                (Work::Cohort(work), schema)
+            }
             (NodeSpec::Study { function, settings }, SqlRole::Study(design, part)) => {
                 let work =
                     crate::study::functions::StudyWork::parse(function, design, part, settings)?;
@@ -243,6 +267,7 @@ impl EpiExec {
                     .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
                 w.run(ctx).await
             }
+            Work::Cohort(w) => w.run(&schema, children, context).await,
         }
     }
 }
@@ -503,6 +528,18 @@ mod tests {
              se_log_rr FROM d')",
             "SELECT calibrated_p FROM calibrate_estimates('SELECT x1 AS log_rr, x2 + 0.1 AS \
              se_log_rr FROM d', 'SELECT x1 - 1.2 AS log_rr, x2 + 0.1 AS se_log_rr FROM d')",
+            "SELECT row_id, propensity_score, preference_score FROM cohort_propensity_scores(\
+             'SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS treatment FROM d', 'SELECT \
+             CAST(x1 * 10 AS BIGINT) AS row_id, 1 AS covariate_id FROM d WHERE x2 > 1', \
+             '{\"variance\": 1}')",
+            "SELECT * FROM cohort_match('SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS \
+             treatment, x2 / 3 AS propensity_score, x1 FROM d', '{\"caliper\": 0}')",
+            "SELECT row_id, stratum_id FROM cohort_stratify('SELECT CAST(x1 * 10 AS BIGINT) AS \
+             row_id, y AS treatment, x2 / 3 AS propensity_score FROM d')",
+            "SELECT * FROM cohort_balance('SELECT CAST(x1 * 10 AS BIGINT) AS row_id, y AS \
+             treatment, x2 AS weight FROM d WHERE x1 > 0.5', 'SELECT CAST(x1 * 10 AS BIGINT) AS \
+             row_id, 1 AS covariate_id FROM d WHERE x2 > 1', '{\"before\": \"SELECT CAST(x1 * \
+             10 AS BIGINT) AS row_id, y AS treatment FROM d\"}')",
         ] {
             let plan = plan_of(&ctx, sql).await;
             let here = collect(plan.clone(), ctx.task_ctx()).await.unwrap();

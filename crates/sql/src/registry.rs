@@ -1,12 +1,13 @@
 //! The SQL function registry: every function epifusion registers, derived from the model
 //! registry ([`epifusion_core::model::registry::MODELS`]: a table function and a `GROUP BY`
 //! aggregate per model) and the study designs ([`crate::study::functions::STUDY_FUNCTIONS`]),
-//! plus the SCCS diagnostics, `design_matrix`, the calibration functions and `epifusion_functions`. Registration ([`crate::session::register_all`]),
+//! plus the SCCS diagnostics, the comparative-cohort functions ([`crate::cohort_ps`]), `design_matrix`, the calibration functions and `epifusion_functions`. Registration ([`crate::session::register_all`]),
 //! documentation ([`crate::docs`]) and the name list derive from [`sql_functions`].
 
 use epifusion_core::model::registry::MODELS;
 use epifusion_core::model::ModelKind;
 
+use crate::cohort_ps::{CohortPart, COHORT_FUNCTIONS};
 use crate::study::diagnostics::DiagnosticsPart;
 use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
 
@@ -21,6 +22,8 @@ pub enum SqlRole {
     Study(Design, Part),
     /// `sccs_diagnostics(settings)` / `sccs_time_to_event(settings)`.
     SccsDiagnostics(DiagnosticsPart),
+    /// A comparative-cohort table function (`cohort_propensity_scores`, `cohort_match`, …).
+    Cohort(CohortPart),
     /// `design_matrix(…)`.
     DesignMatrix,
     /// `empirical_null(negatives)`.
@@ -63,8 +66,13 @@ pub fn sql_functions() -> Vec<SqlFunction> {
             name,
             role: SqlRole::Study(design, part),
         });
+    let cohort = COHORT_FUNCTIONS.iter().map(|&(name, part)| SqlFunction {
+        name,
+        role: SqlRole::Cohort(part),
+    });
     fits.chain(aggregates)
         .chain(studies)
+        .chain(cohort)
         .chain([
             SqlFunction {
                 name: "sccs_diagnostics",
@@ -115,6 +123,9 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), n);
-        assert_eq!(n, 2 * MODELS.len() + STUDY_FUNCTIONS.len() + 6);
+        assert_eq!(
+            n,
+            2 * MODELS.len() + STUDY_FUNCTIONS.len() + COHORT_FUNCTIONS.len() + 6
+        );
     }
 }

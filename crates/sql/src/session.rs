@@ -83,6 +83,7 @@ fn table_function(
         SqlRole::SccsDiagnostics(part) => Arc::new(
             crate::study::diagnostics::SccsDiagnosticsFunction::new(name, part),
         ),
+        SqlRole::Cohort(part) => Arc::new(crate::cohort_ps::CohortTableFunction::new(name, part)),
         SqlRole::DesignMatrix => Arc::new(DesignMatrixFunction::new(designs.clone())),
         SqlRole::EmpiricalNull => Arc::new(crate::calibration::EmpiricalNullFunction),
         SqlRole::CalibrateEstimates => Arc::new(crate::calibration::CalibrateEstimatesFunction),
