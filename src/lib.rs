@@ -18,6 +18,7 @@
 //! The CLI (`src/main.rs`, one module per subcommand in `src/cli/`) sits on top.
 #![warn(missing_docs)]
 
+pub use epifusion_cluster as cluster;
 pub use epifusion_core::{bench, error, fit, model, options, Error, Result};
 pub use epifusion_flight as flight;
 pub use epifusion_pipeline as pipeline;

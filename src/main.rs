@@ -34,6 +34,8 @@ fn main() {
         Command::Import(a) => cli::import::run_import(&a),
         Command::BenchOmop(a) => cli::bench_omop::run_bench_omop(&a),
         Command::Run(a) => cli::run::run_pipeline(&a),
+        Command::Scheduler(a) => cli::cluster::run_scheduler(&a),
+        Command::Executor(a) => cli::cluster::run_executor(&a),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");

@@ -19,6 +19,7 @@ pub(crate) use epifusion::options::FitSpec;
 
 pub(crate) mod bench;
 pub(crate) mod bench_omop;
+pub(crate) mod cluster;
 pub(crate) mod fit;
 pub(crate) mod import;
 pub(crate) mod run;
@@ -27,6 +28,7 @@ pub(crate) mod sql;
 
 pub(crate) use bench::BenchArgs;
 pub(crate) use bench_omop::BenchOmopArgs;
+pub(crate) use cluster::{ExecutorArgs, SchedulerArgs};
 pub(crate) use fit::FitArgs;
 pub(crate) use import::ImportArgs;
 pub(crate) use run::RunArgs;
@@ -64,6 +66,10 @@ pub(crate) enum Command {
     /// Run a pipeline file: validate, fit every analysis, write Parquet results, manifests and
     /// an HTML report (resumable: complete analyses are skipped).
     Run(RunArgs),
+    /// Start a Ballista scheduler with every epifusion function (clients: `sql --cluster`).
+    Scheduler(SchedulerArgs),
+    /// Start a Ballista executor with every epifusion function, registered with a scheduler.
+    Executor(ExecutorArgs),
 }
 
 /// The fit options table (`epifusion_core::options::FIT_OPTIONS`) for `epifusion fit --help`.

@@ -22,9 +22,15 @@ pub(crate) struct SqlArgs {
     /// DataFusion batch size.
     #[arg(long)]
     pub(crate) batch_size: Option<usize>,
+    /// Run the statements on a Ballista cluster (`df://HOST:PORT`, the scheduler of
+    /// `epifusion scheduler`): queries and fits run on its executors, DDL in this session;
+    /// every table read must name files or URLs that all nodes can read.
+    #[arg(long)]
+    pub(crate) cluster: Option<String>,
 }
 
 pub(crate) fn run_sql_command(a: &SqlArgs) -> Result<()> {
+    use epifusion::cluster::cluster_session;
     use epifusion::engine::session::{new_session, SessionOptions};
     use epifusion::engine::shell::{self, OutputFormat};
     let format = OutputFormat::parse(&a.format)?;
@@ -38,11 +44,14 @@ pub(crate) fn run_sql_command(a: &SqlArgs) -> Result<()> {
     };
     let rt = runtime()?;
     rt.block_on(async {
-        let ctx = new_session(&SessionOptions {
+        let opts = SessionOptions {
             omop: a.omop.clone(),
             batch_size: a.batch_size,
-        })
-        .await?;
+        };
+        let ctx = match &a.cluster {
+            Some(cluster) => cluster_session(cluster, &opts).await?,
+            None => new_session(&opts).await?,
+        };
         match sql {
             Some(sql) => {
                 let mut stdout = std::io::stdout();

@@ -1,5 +1,6 @@
 //! Integration tests, compiled as one binary.
 
+mod ballista;
 mod cli;
 mod cohort_ps;
 mod docs;

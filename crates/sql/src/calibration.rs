@@ -167,10 +167,23 @@ pub(crate) fn block_on<T: Send + 'static>(
 
 /// The table of either function.
 #[derive(Debug)]
-struct CalibrationTable {
+pub(crate) struct CalibrationTable {
     estimates: Option<String>,
     negatives: String,
     schema: SchemaRef,
+}
+
+impl CalibrationTable {
+    /// The node spec and input queries of the call, for a plan sent to a cluster.
+    pub(crate) fn remote_call(&self) -> (NodeSpec, Vec<String>) {
+        let mut inputs = vec![self.negatives.clone()];
+        inputs.extend(self.estimates.clone());
+        let spec = match &self.estimates {
+            Some(_) => NodeSpec::CalibrateEstimates,
+            None => NodeSpec::EmpiricalNull,
+        };
+        (spec, inputs)
+    }
 }
 
 #[async_trait]

@@ -197,11 +197,22 @@ fn input_schema(session: &dyn Session, function: &str, sql: &str) -> DfResult<Sc
 
 /// The table of a cohort function call.
 #[derive(Debug)]
-struct CohortTable {
+pub(crate) struct CohortTable {
     function: &'static str,
     settings: String,
     inputs: Vec<String>,
     schema: SchemaRef,
+}
+
+impl CohortTable {
+    /// The node spec and input queries of the call, for a plan sent to a cluster.
+    pub(crate) fn remote_call(&self) -> (NodeSpec, Vec<String>) {
+        let spec = NodeSpec::Cohort {
+            function: self.function.to_string(),
+            settings: self.settings.clone(),
+        };
+        (spec, self.inputs.clone())
+    }
 }
 
 #[async_trait]

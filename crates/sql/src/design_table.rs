@@ -179,7 +179,7 @@ impl TableFunctionImpl for DesignMatrixFunction {
 }
 
 #[derive(Debug)]
-struct DesignTable {
+pub(crate) struct DesignTable {
     call: Arc<DesignCall>,
     designs: Arc<DesignRegistry>,
 }

@@ -342,7 +342,7 @@ impl TableFunctionImpl for FunctionsTable {
 
 /// Thin wrapper so the table reports itself as temporary.
 #[derive(Debug)]
-struct DocsTable(Arc<MemTable>);
+pub(crate) struct DocsTable(Arc<MemTable>);
 
 #[async_trait]
 impl TableProvider for DocsTable {

@@ -228,6 +228,27 @@ pub struct FitTable {
 
 pub use crate::planning::plan_sql;
 
+impl FitTable {
+    /// The node spec and input queries of the call, for a plan sent to a cluster; a stored
+    /// design matrix (`@name`) cannot leave its session.
+    pub(crate) fn remote_call(&self) -> DfResult<(NodeSpec, Vec<String>)> {
+        if let Some(name) = self.call.outcomes.strip_prefix('@') {
+            return plan_err!(
+                "{}: the design matrix @{name} lives in one session's memory and cannot be \
+                 fitted on a cluster; pass its outcomes and covariates queries instead",
+                self.function
+            );
+        }
+        let mut inputs = vec![self.call.outcomes.clone()];
+        inputs.extend(self.call.covariates.clone());
+        let spec = NodeSpec::Fit {
+            function: self.function.to_string(),
+            options: self.call.options_json.clone(),
+        };
+        Ok((spec, inputs))
+    }
+}
+
 #[async_trait]
 impl TableProvider for FitTable {
     fn schema(&self) -> SchemaRef {

@@ -22,6 +22,7 @@ pub mod omop;
 pub mod options;
 pub mod planning;
 pub mod registry;
+pub mod remote;
 pub mod session;
 pub mod shell;
 pub mod store;

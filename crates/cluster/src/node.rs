@@ -1,0 +1,149 @@
+//! The scheduler and executor processes (`epifusion scheduler`, `epifusion executor`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ballista_core::error::BallistaError;
+use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::SchedulerConfig;
+use ballista_scheduler::scheduler_process::start_server;
+use datafusion::prelude::SessionConfig;
+
+use crate::codec::{ClusterLogicalCodec, ClusterPhysicalCodec};
+
+/// Run a Ballista scheduler on `bind` with epifusion's session builder and codecs until the
+/// process is stopped. Ballista has no authentication: bind to a private address.
+pub async fn run_scheduler(bind: SocketAddr) -> Result<(), BallistaError> {
+    let mut config = SchedulerConfig::default()
+        .with_hostname(bind.ip().to_string())
+        .with_port(bind.port())
+        .with_override_config_producer(Arc::new(crate::node_config))
+        .with_override_session_builder(Arc::new(crate::scheduler_session));
+    config.bind_host = bind.ip().to_string();
+    config.override_logical_codec = Some(Arc::new(ClusterLogicalCodec::default()));
+    config.override_physical_codec = Some(Arc::new(ClusterPhysicalCodec::default()));
+    // A lost executor is noticed within seconds (its heartbeats stop), and its tasks rerun.
+    config.executor_timeout_seconds = 20;
+    config.expire_dead_executor_interval_seconds = 5;
+    let cluster = BallistaCluster::new_from_config(&config).await?;
+    start_server(cluster, bind, Arc::new(config)).await
+}
+
+/// The options of `epifusion executor`.
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// The scheduler's address (HOST:PORT).
+    pub scheduler: String,
+    /// Where the executor's Arrow Flight service (shuffle and result partitions) listens.
+    pub bind: SocketAddr,
+    /// The executor's gRPC port (tasks from the scheduler), on the same host as `bind`.
+    pub grpc_port: u16,
+    /// Tasks run at once (default: the number of CPU cores).
+    pub concurrent_tasks: Option<usize>,
+    /// Shuffle files and spills (default: a new folder under the system's temporary folder,
+    /// removed when the executor stops).
+    pub work_dir: Option<PathBuf>,
+    /// Seconds a finished job's shuffle files are kept (checked every minute; all are removed
+    /// when the executor stops).
+    pub job_data_ttl_seconds: u64,
+}
+
+/// Run an executor until it is stopped (Ctrl-C or SIGTERM), registered with the scheduler, with
+/// every epifusion function and codec; it removes its jobs' shuffle files when it stops, and
+/// its work dir when it made one.
+pub async fn run_executor(opts: ExecutorOptions) -> Result<(), BallistaError> {
+    let (scheduler_host, scheduler_port) = split_host_port(&opts.scheduler)?;
+    let (work_dir, made_work_dir) = match &opts.work_dir {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!(
+                "epifusion-executor-{}-{}",
+                std::process::id(),
+                opts.grpc_port
+            )),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&work_dir).map_err(|e| {
+        BallistaError::General(format!(
+            "cannot create the work dir {}: {e}",
+            work_dir.display()
+        ))
+    })?;
+    let work = work_dir.to_string_lossy().to_string();
+    let temp = work.clone();
+    let mut config = ExecutorProcessConfig {
+        bind_host: opts.bind.ip().to_string(),
+        external_host: Some(opts.bind.ip().to_string()),
+        port: opts.bind.port(),
+        grpc_port: opts.grpc_port,
+        scheduler_host,
+        scheduler_port,
+        scheduler_connect_timeout_seconds: 30,
+        work_dir: Some(work),
+        job_data_ttl_seconds: opts.job_data_ttl_seconds,
+        job_data_clean_up_interval_seconds: 60,
+        executor_heartbeat_interval_seconds: 5,
+        print_thread_info: false,
+        ..Default::default()
+    };
+    if let Some(n) = opts.concurrent_tasks {
+        config.vcores = n.max(1);
+    }
+    config.override_function_registry = Some(Arc::new(crate::function_registry()));
+    config.override_config_producer = Some(Arc::new(crate::node_config));
+    config.override_runtime_producer = Some(Arc::new(move |session_config: &SessionConfig| {
+        crate::check_version(session_config, "executor")?;
+        crate::node_runtime(Some(&temp))
+    }));
+    config.override_logical_codec = Some(Arc::new(ClusterLogicalCodec::default()));
+    config.override_physical_codec = Some(Arc::new(ClusterPhysicalCodec::default()));
+    let result = start_executor_process(Arc::new(config)).await;
+    if made_work_dir {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
+    result
+}
+
+/// `HOST:PORT` (a `df://` or `http://` prefix is accepted).
+fn split_host_port(addr: &str) -> Result<(String, u16), BallistaError> {
+    let bare = addr
+        .trim()
+        .trim_start_matches("df://")
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let bad = || {
+        BallistaError::Configuration(format!(
+            "--scheduler `{addr}`: give HOST:PORT, e.g. 10.0.0.5:50050"
+        ))
+    };
+    let (host, port) = bare.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheduler_addresses() {
+        assert_eq!(
+            split_host_port("10.0.0.5:50050").unwrap(),
+            ("10.0.0.5".to_string(), 50050)
+        );
+        assert_eq!(
+            split_host_port("df://host:1/").unwrap(),
+            ("host".to_string(), 1)
+        );
+        for bad in ["host", "host:", ":50050", "host:port", "host:70000"] {
+            let e = split_host_port(bad).unwrap_err().to_string();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! A Ballista cluster of real processes on 127.0.0.1 — `epifusion scheduler` and two
+//! `epifusion executor`s on free ports, started and stopped by the test — against the local
+//! run: a `GROUP BY` fit over 150 groups and a table-function fit give identical results (every
+//! value, bit for bit); refusals (`design_matrix`, `@name`, another client version) are clear
+//! errors; an executor killed mid-query gives a clear error or the right result; executors
+//! clean their work dirs when they stop.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::prelude::SessionContext;
+use epifusion::cluster::cluster_session;
+use epifusion::engine::session::{new_session, SessionOptions};
+
+/// A child process, stopped (SIGTERM, then killed) when dropped.
+struct Node {
+    child: Child,
+    name: String,
+}
+
+impl Node {
+    fn start(name: &str, args: &[String], log: &Path) -> Node {
+        let log = std::fs::File::create(log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_epifusion"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Node {
+            child,
+            name: name.to_string(),
+        }
+    }
+
+    /// SIGTERM and wait (up to 30 s) for a clean exit.
+    fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("{} did not stop on SIGTERM; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Free ports on 127.0.0.1 (held together while chosen, so they differ).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
+}
+
+fn wait_for_port(port: u16, what: &str, node: &mut Node) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = node.child.try_wait() {
+            panic!("{what} exited: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what} is not listening on {port} after 60 s");
+}
+
+/// A scheduler and two executors (2 task slots each), each executor with its own work dir.
+struct Cluster {
+    scheduler: Node,
+    executors: Vec<Node>,
+    work_dirs: Vec<PathBuf>,
+    url: String,
+}
+
+fn start_cluster(dir: &Path) -> Cluster {
+    let ports = free_ports(5);
+    let mut scheduler = Node::start(
+        "scheduler",
+        &[
+            "scheduler".to_string(),
+            "--bind".to_string(),
+            format!("127.0.0.1:{}", ports[0]),
+        ],
+        &dir.join("scheduler.log"),
+    );
+    wait_for_port(ports[0], "the scheduler", &mut scheduler);
+    let mut executors = Vec::new();
+    let mut work_dirs = Vec::new();
+    for i in 0..2 {
+        let work = dir.join(format!("work{i}"));
+        let (flight, grpc) = (ports[1 + 2 * i], ports[2 + 2 * i]);
+        let mut node = Node::start(
+            &format!("executor {i}"),
+            &[
+                "executor".to_string(),
+                "--scheduler".to_string(),
+                format!("127.0.0.1:{}", ports[0]),
+                "--bind".to_string(),
+                format!("127.0.0.1:{flight}"),
+                "--grpc-port".to_string(),
+                grpc.to_string(),
+                "--concurrent-tasks".to_string(),
+                "2".to_string(),
+                "--work-dir".to_string(),
+                work.display().to_string(),
+            ],
+            &dir.join(format!("executor{i}.log")),
+        );
+        wait_for_port(flight, "an executor", &mut node);
+        executors.push(node);
+        work_dirs.push(work);
+    }
+    Cluster {
+        scheduler,
+        executors,
+        work_dirs,
+        url: format!("df://127.0.0.1:{}", ports[0]),
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for e in &mut self.executors {
+            e.terminate();
+        }
+        self.scheduler.terminate();
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// 150 groups of 40 subjects: two binary covariates, exponential times with random censoring.
+fn write_data(dir: &Path) -> PathBuf {
+    let mut rng = Rng(17);
+    let mut csv = String::from("row_id,g,time,y,x1,x2\n");
+    let mut row = 0;
+    for g in 0..150 {
+        for _ in 0..40 {
+            row += 1;
+            let x1 = f64::from(rng.next() < 0.5);
+            let x2 = f64::from(rng.next() < 0.3);
+            let rate = (0.5 * x1 - 0.3 * x2).exp();
+            let t = (-(1.0 - rng.next()).ln() / rate * 100.0).ceil().max(1.0);
+            let c = (rng.next() * 150.0).ceil().max(1.0);
+            let (time, y) = if t <= c { (t, 1) } else { (c, 0) };
+            csv.push_str(&format!("{row},{g},{time},{y},{x1},{x2}\n"));
+        }
+    }
+    let path = dir.join("cohort.csv");
+    std::fs::write(&path, csv).expect("write data");
+    path
+}
+
+fn ddl(path: &Path) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE cohort (row_id BIGINT, g BIGINT, time DOUBLE, y DOUBLE, \
+         x1 DOUBLE, x2 DOUBLE) STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
+        path.display()
+    )
+}
+
+const GROUP_FITS: &str = "
+SELECT g, c['covariate_id'] AS covariate_id, c['estimate'] AS estimate,
+       c['std_error'] AS std_error, c['log_likelihood'] AS log_likelihood,
+       c['iterations'] AS iterations, c['status'] AS status
+FROM (SELECT g, unnest(fit) AS c FROM (
+  SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y,
+                        make_array(CAST(1 AS BIGINT), CAST(2 AS BIGINT)), make_array(x1, x2),
+                        '{\"ci\": \"none\"}') AS fit
+  FROM cohort GROUP BY g))
+ORDER BY g, covariate_id";
+
+const TABLE_FIT: &str = "
+SELECT covariate_id, estimate, std_error, ci_lower, ci_upper, log_likelihood, iterations, status
+FROM cox_fit(
+  'SELECT row_id, g % 7 AS stratum_id, time, y FROM cohort',
+  'SELECT row_id, 1 AS covariate_id, x1 AS covariate_value FROM cohort WHERE x1 <> 0
+   UNION ALL SELECT row_id, 2, x2 FROM cohort WHERE x2 <> 0',
+  '{\"prior\": \"normal\", \"variance\": 1.0, \"exclude\": [1]}')
+ORDER BY covariate_id";
+
+async fn run(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<RecordBatch> {
+    let df = ctx.sql(sql).await?;
+    let schema = df.schema().as_arrow().clone();
+    let batches = df.collect().await?;
+    Ok(concat_batches(&std::sync::Arc::new(schema), &batches)?)
+}
+
+/// Same columns, same types, same values (bit for bit; NULLs in the same places).
+fn assert_identical(local: &RecordBatch, cluster: &RecordBatch, what: &str) {
+    assert_eq!(local.num_rows(), cluster.num_rows(), "{what}: row counts");
+    assert_eq!(local.num_columns(), cluster.num_columns(), "{what}");
+    for i in 0..local.num_columns() {
+        let name = local.schema().field(i).name().clone();
+        assert_eq!(
+            local.column(i).to_data(),
+            cluster.column(i).to_data(),
+            "{what}: column {name} differs"
+        );
+    }
+}
+
+fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("epi_ballista_{name}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    dir
+}
+
+fn logs(dir: &Path) -> String {
+    ["scheduler.log", "executor0.log", "executor1.log"]
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            format!(
+                "--- {f}\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fits_on_a_two_executor_cluster_match_the_local_run() {
+    let dir = test_dir("fits");
+    let data = write_data(&dir);
+    let cluster = start_cluster(&dir);
+    let local = new_session(&SessionOptions::default()).await.unwrap();
+    local.sql(&ddl(&data)).await.unwrap();
+    let remote = cluster_session(&cluster.url, &SessionOptions::default())
+        .await
+        .unwrap();
+    remote.sql(&ddl(&data)).await.unwrap();
+
+    // (a) One Cox model per group, 150 groups, hash-partitioned across the executors.
+    let want = run(&local, GROUP_FITS).await.unwrap();
+    assert_eq!(want.num_rows(), 300, "150 groups × 2 coefficients");
+    let got = run(&remote, GROUP_FITS)
+        .await
+        .unwrap_or_else(|e| panic!("cluster GROUP BY fit: {e}\n{}", logs(&dir)));
+    assert_identical(&want, &got, "GROUP BY cox_fit_agg");
+
+    // (b) A table-function fit: its inputs planned by the client, the fit on an executor.
+    let want = run(&local, TABLE_FIT).await.unwrap();
+    assert_eq!(want.num_rows(), 2);
+    let got = run(&remote, TABLE_FIT)
+        .await
+        .unwrap_or_else(|e| panic!("cluster cox_fit: {e}\n{}", logs(&dir)));
+    assert_identical(&want, &got, "cox_fit");
+
+    // Refused with a clear error: design matrices (session memory) and study builds.
+    let e = run(
+        &remote,
+        "SELECT * FROM design_matrix('SELECT row_id, time, y FROM cohort', \
+         'SELECT row_id, 1 AS covariate_id FROM cohort', '{\"name\": \"m\"}')",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cannot run on a cluster"), "{e}");
+    let e = run(&remote, "SELECT * FROM cox_fit('@m')")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("@m") && e.contains("cluster"), "{e}");
+
+    // A client of another version is refused by the scheduler, naming both versions.
+    remote
+        .sql("SET epifusion.version = '0.0.0-other'")
+        .await
+        .unwrap();
+    let e = run(&remote, GROUP_FITS).await.unwrap_err().to_string();
+    assert!(
+        e.contains("0.0.0-other") && e.contains(env!("CARGO_PKG_VERSION")),
+        "{e}"
+    );
+
+    // Executors remove their jobs' shuffle files when they stop.
+    let work_dirs = cluster.work_dirs.clone();
+    drop(cluster);
+    for w in work_dirs {
+        let left: Vec<_> = std::fs::read_dir(&w)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.path().is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{} still holds {left:?}", w.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_killed_mid_query_gives_an_error_or_the_right_result() {
+    let dir = test_dir("kill");
+    let data = write_data(&dir);
+    let mut cluster = start_cluster(&dir);
+    let local = new_session(&SessionOptions::default()).await.unwrap();
+    local.sql(&ddl(&data)).await.unwrap();
+    let remote = cluster_session(&cluster.url, &SessionOptions::default())
+        .await
+        .unwrap();
+    remote.sql(&ddl(&data)).await.unwrap();
+    // Slower fits (10-fold CV per group) so that the kill lands while tasks run.
+    let sql = GROUP_FITS.replace(
+        "{\"ci\": \"none\"}",
+        "{\"ci\": \"none\", \"prior\": \"normal\", \"cv\": {\"folds\": 10, \"search\": \"grid\", \"grid\": [0.1, 1, 10]}}",
+    );
+    let want = run(&local, &sql).await.unwrap();
+    let query = {
+        let remote = remote.clone();
+        let sql = sql.clone();
+        tokio::spawn(async move { run(&remote, &sql).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = cluster.executors[1].child.kill();
+    let _ = cluster.executors[1].child.wait();
+    match tokio::time::timeout(Duration::from_secs(240), query).await {
+        Err(_) => panic!(
+            "the query neither finished nor failed 240 s after an executor was killed\n{}",
+            logs(&dir)
+        ),
+        Ok(joined) => match joined.expect("query task") {
+            Ok(got) => assert_identical(&want, &got, "GROUP BY fit after a lost executor"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!e.trim().is_empty());
+                eprintln!("killed executor → error: {e}");
+            }
+        },
+    }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
