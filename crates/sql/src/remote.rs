@@ -33,6 +33,7 @@ use datafusion_proto::bytes::{
     logical_plan_from_bytes_with_extension_codec, logical_plan_to_bytes_with_extension_codec,
 };
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{EpiExec, NodeSpec, WIRE_VERSION};
@@ -90,7 +91,7 @@ impl TableProvider for PlannedEpiTable {
 
 /// The node spec and input queries of an epifusion table provider, `None` for a provider that
 /// is not epifusion's; an error for epifusion's tables that cannot leave the session.
-fn call_of(provider: &dyn TableProvider) -> Option<DfResult<(NodeSpec, Vec<String>)>> {
+fn call_of(provider: &Arc<dyn TableProvider>) -> Option<DfResult<(NodeSpec, Vec<String>)>> {
     if let Some(t) = provider.downcast_ref::<crate::fit_table::FitTable>() {
         return Some(t.remote_call());
     }
@@ -129,10 +130,14 @@ fn call_of(provider: &dyn TableProvider) -> Option<DfResult<(NodeSpec, Vec<Strin
 /// Replace every epifusion table-function call in `plan` (subqueries and the calls' own input
 /// queries included) by a [`PlannedEpiTable`] whose inputs are planned, read-only, in
 /// `session`; refuse the calls that cannot leave the session (module documentation).
-pub async fn prepare_for_cluster(
+pub fn prepare_for_cluster(
     session: &dyn Session,
     plan: LogicalPlan,
-) -> DfResult<LogicalPlan> {
+) -> BoxFuture<'_, DfResult<LogicalPlan>> {
+    Box::pin(prepare(session, plan))
+}
+
+async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPlan> {
     // The scans to replace, keyed by the address of their table source.
     let mut calls: Vec<(usize, Arc<dyn TableProvider>)> = Vec::new();
     plan.apply_with_subqueries(|node| {
@@ -145,7 +150,7 @@ pub async fn prepare_for_cluster(
     })?;
     let mut planned: HashMap<usize, Arc<dyn TableProvider>> = HashMap::new();
     for (key, provider) in calls {
-        let Some(call) = call_of(provider.as_ref()) else {
+        let Some(call) = call_of(&provider) else {
             continue;
         };
         let (spec, sqls) = call?;
@@ -153,9 +158,8 @@ pub async fn prepare_for_cluster(
         for sql in &sqls {
             let what = format!("{}: an input query", spec.function());
             let input = crate::planning::logical_plan(session, sql, &what).await?;
-            inputs.push(Box::pin(prepare_for_cluster(session, input)).await?);
+            inputs.push(prepare_for_cluster(session, input).await?);
         }
-        // The node checks its spec and input count as the scheduler will.
         let table = PlannedEpiTable {
             spec,
             inputs,
