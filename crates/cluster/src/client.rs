@@ -60,7 +60,11 @@ pub async fn cluster_session(cluster: &str, opts: &SessionOptions) -> DfResult<S
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
         .build();
-    Ok(SessionContext::new_with_state(state))
+    let ctx = SessionContext::new_with_state(state);
+    // `upgrade_for_ballista` replaces the scalar and aggregate functions with Ballista's
+    // defaults: register epifusion's again.
+    epifusion_sql::session::register_all(&ctx);
+    Ok(ctx)
 }
 
 /// Prepares a plan for the cluster ([`epifusion_sql::remote::prepare_for_cluster`]), then
