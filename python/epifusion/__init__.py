@@ -42,7 +42,7 @@ def register(ctx: datafusion.SessionContext) -> list[str]:
         if hasattr(f, "__datafusion_aggregate_udf__"):
             ctx.register_udaf(AggregateUDF.from_pycapsule(f))
         else:
-            ctx.register_udtf(TableFunction(f.name, f))
+            ctx.register_udtf(TableFunction(f.name, f, ctx))
         names.append(f.name)
     return names
 

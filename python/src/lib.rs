@@ -91,17 +91,25 @@ impl TableFunction {
         self.name
     }
 
-    /// The `FFI_TableFunction` capsule (`datafusion_table_function`).
+    /// The `FFI_TableFunction` capsule (`datafusion_table_function`); datafusion-python passes
+    /// the registering session (its logical codec is used), else the codec of the session given
+    /// to `functions` is.
+    #[pyo3(signature = (session = None))]
     fn __datafusion_table_function__<'py>(
         &self,
         py: Python<'py>,
+        session: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = match session {
+            Some(s) if !s.is_none() => session_codec(s)?,
+            _ => self.codec.clone(),
+        };
         let handle = runtime()?.handle().clone();
         let udtf = Arc::new(runtime::InRuntimeFunction::new(
             self.udtf.clone(),
             handle.clone(),
         ));
-        let ffi = FFI_TableFunction::new_with_ffi_codec(udtf, Some(handle), self.codec.clone());
+        let ffi = FFI_TableFunction::new_with_ffi_codec(udtf, Some(handle), codec);
         PyCapsule::new(py, ffi, Some(CString::from(c"datafusion_table_function")))
     }
 

@@ -18,9 +18,8 @@ use datafusion::datasource::TableType;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties,
-};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_ffi::table_provider::FFI_TableProvider;
 use epifusion_sql::session::{new_session, SessionOptions};
 use pyo3::exceptions::PyRuntimeError;
@@ -114,10 +113,9 @@ impl ExecutionPlan for OwnRuntimeExec {
                 input,
                 runtime: self.runtime.clone(),
             })),
-            Err(c) => datafusion::common::internal_err!(
-                "OwnRuntimeExec takes one child, got {}",
-                c.len()
-            ),
+            Err(c) => {
+                datafusion::common::internal_err!("OwnRuntimeExec takes one child, got {}", c.len())
+            }
         }
     }
 
@@ -126,7 +124,16 @@ impl ExecutionPlan for OwnRuntimeExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        let context = Arc::new(context.as_ref().clone().with_runtime(self.runtime.clone()));
+        let context = Arc::new(TaskContext::new(
+            context.task_id(),
+            context.session_id(),
+            context.session_config().clone(),
+            context.scalar_functions().clone(),
+            context.higher_order_functions().clone(),
+            context.aggregate_functions().clone(),
+            context.window_functions().clone(),
+            self.runtime.clone(),
+        ));
         self.input.execute(partition, context)
     }
 }
@@ -148,7 +155,8 @@ impl OmopTable {
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let codec = crate::session_codec(session)?;
         let handle = crate::runtime()?.handle().clone();
-        let ffi = FFI_TableProvider::new_with_ffi_codec(self.provider.clone(), true, Some(handle), codec);
+        let ffi =
+            FFI_TableProvider::new_with_ffi_codec(self.provider.clone(), true, Some(handle), codec);
         PyCapsule::new(
             py,
             ffi,

@@ -79,6 +79,19 @@ impl InRuntimeFunction {
 }
 
 impl TableFunctionImpl for InRuntimeFunction {
+    /// The FFI's session-less entry point (a caller that implements only the deprecated
+    /// `TableFunctionImpl::call`): the function gets an empty session. Only `cohort_*` and
+    /// `calibrate_estimates`, which read their input tables' schemas when called, need the
+    /// caller's catalog there; the others plan their inputs when scanned, with the caller's
+    /// session.
+    #[allow(deprecated)]
+    fn call(&self, exprs: &[Expr]) -> DfResult<Arc<dyn TableProvider>> {
+        let empty = datafusion::execution::session_state::SessionStateBuilder::new()
+            .with_default_features()
+            .build();
+        self.call_with_args(TableFunctionArgs::new(exprs, &empty))
+    }
+
     fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
         Ok(Arc::new(InRuntimeTable {
             inner: self.inner.call_with_args(args)?,
