@@ -55,7 +55,7 @@ impl TableProvider for OwnRuntimeTable {
             .handle()
             .clone();
         let scan = self.inner.scan(&self.state, projection, filters, limit);
-        let plan = crate::runtime::InRuntime::new(handle, scan).await?;
+        let plan = crate::ffi::InRuntime::new(handle, scan).await?;
         Ok(Arc::new(OwnRuntimeExec {
             input: plan,
             runtime: self.state.runtime_env().clone(),
@@ -153,7 +153,7 @@ impl OmopTable {
         py: Python<'py>,
         session: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        let codec = crate::session_codec(session)?;
+        let codec = crate::ffi::session_codec(session)?;
         let handle = crate::runtime()?.handle().clone();
         let ffi =
             FFI_TableProvider::new_with_ffi_codec(self.provider.clone(), true, Some(handle), codec);

@@ -1,4 +1,4 @@
-"""epifusion's functions in a datafusion-python 55 session, through DataFusion's FFI.
+"""The Python package: epifusion sessions from Python, results as pyarrow tables.
 
 Run from the repository root after ``pip install ./python``::
 
@@ -18,7 +18,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import datafusion
 import pyarrow as pa
 import pytest
 
@@ -108,56 +107,60 @@ def assert_same_table(cli_table: list[dict[str, str]], table: pa.Table) -> None:
 
 
 @pytest.fixture()
-def ctx() -> datafusion.SessionContext:
-    ctx = datafusion.SessionContext()
-    epifusion.register(ctx)
-    return ctx
+def ctx() -> epifusion.SessionContext:
+    return epifusion.SessionContext()
 
 
-def test_register_adds_every_function(ctx):
+def test_every_function_is_registered(ctx):
     names = set(epifusion.function_names())
     assert {"cox_fit", "cox_fit_agg", "sccs_fit", "fine_gray_fit", "cohort_outcomes"} <= names
-    listed = ctx.sql("SELECT name FROM epifusion_functions()").to_arrow_table()
+    listed = ctx.sql("SELECT name FROM epifusion_functions()")
     assert set(listed.column("name").to_pylist()) == names
-    # A second session gets its own registration.
-    other = datafusion.SessionContext()
-    assert sorted(epifusion.register(other)) == sorted(names)
 
 
 def test_cox_fit_matches_cli_and_reference(ctx):
-    ctx.sql(LUNG).collect()
-    table = ctx.sql(LUNG_FIT).to_arrow_table()
+    ctx.sql(LUNG)
+    table = ctx.sql(LUNG_FIT)
     est = dict(zip(table.column("covariate").to_pylist(), table.column("estimate").to_pylist()))
     # R survival::coxph(Surv(time, status) ~ age + sex, lung, ties = "breslow")
     # (tests/golden/README.md, lung_breslow).
     assert est["age"] == pytest.approx(0.01701289, abs=1e-6)
     assert est["sex"] == pytest.approx(-0.51256479, abs=1e-6)
     assert set(table.column("status").to_pylist()) == {"converged"}
-    # pandas works on the same result.
-    assert list(ctx.sql(LUNG_FIT).to_pandas()["covariate"]) == ["age", "sex"]
+    assert list(table.to_pandas()["covariate"]) == ["age", "sex"]
     assert_same_table(cli_rows(f"{LUNG}; {LUNG_FIT}"), table)
+
+
+def test_data_from_python_is_fitted_like_the_csv(ctx):
+    ctx.sql(LUNG)
+    lung = ctx.sql("SELECT time, status, age, sex FROM lung").to_pandas()
+    ctx.register_table("lung_from_pandas", lung)
+    assert "lung_from_pandas" in ctx.table_names()
+    a = ctx.sql(LUNG_FIT)
+    b = ctx.sql(LUNG_FIT.replace("FROM lung'", "FROM lung_from_pandas'"))
+    assert a.column("estimate").to_pylist() == b.column("estimate").to_pylist()
 
 
 def test_fit_aggregate_group_by(ctx):
     ctx.sql(
         f"CREATE EXTERNAL TABLE test1 STORED AS CSV LOCATION '{DATA / 'therneau_test1.csv'}' "
         "OPTIONS ('format.has_header' 'true')"
-    ).collect()
+    )
     ctx.sql(
         "CREATE VIEW grouped AS "
         "SELECT 1 AS g, time, status AS y, CASE WHEN x = 1 THEN [CAST(7 AS BIGINT)] ELSE [] END AS ids FROM test1 "
         "UNION ALL SELECT 2, time, status, CASE WHEN x = 0 THEN [CAST(7 AS BIGINT)] ELSE [] END FROM test1 "
         "UNION ALL SELECT 3, time, 0, [CAST(7 AS BIGINT)] FROM test1"
-    ).collect()
+    )
     query = (
         "SELECT g, c['covariate_id'] AS id, c['estimate'] AS estimate, c['status'] AS status FROM ("
         " SELECT g, unnest(fit) AS c FROM ("
         "  SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y, ids, "
         "'{\"tolerance\": 1e-12, \"ci\": \"none\"}') AS fit FROM grouped GROUP BY g)) ORDER BY g"
     )
-    rows = ctx.sql(query).to_arrow_table().to_pylist()
+    rows = ctx.sql(query).to_pylist()
     assert [r["g"] for r in rows] == [1, 2, 3]
-    # Therneau's test 1: β̂ = 1.475285 (Breslow); group 2 flips x; group 3 has no events.
+    # Therneau's test 1: beta = 1.475285 (Breslow); group 2 flips x; group 3 has no events.
     assert rows[0]["estimate"] == pytest.approx(1.475285, abs=1e-6)
     assert rows[1]["estimate"] == pytest.approx(-1.475285, abs=1e-6)
     assert rows[0]["status"] == rows[1]["status"] == "converged"
@@ -167,49 +170,58 @@ def test_fit_aggregate_group_by(ctx):
     b = ctx.sql(
         "SELECT estimate FROM cox_fit('SELECT time, status AS y, x FROM test1', "
         "'{\"tolerance\": 1e-12, \"ci\": \"none\"}')"
-    ).to_arrow_table()
+    )
     assert b.column("estimate").to_pylist() == [rows[0]["estimate"]]
 
 
-def test_omop_new_user_cohort_design(ctx):
-    names = epifusion.register_omop(ctx, GIBLEED)
-    assert {"person", "drug_era", "condition_occurrence", "observation_period"} <= set(names)
-    person = ctx.sql("SELECT * FROM person LIMIT 1").to_arrow_table()
+def test_omop_new_user_cohort_design():
+    ctx = epifusion.SessionContext(omop=GIBLEED)
+    names = set(ctx.table_names())
+    assert {"person", "drug_era", "condition_occurrence", "observation_period"} <= names
+    person = ctx.sql("SELECT * FROM person LIMIT 1")
     assert person.schema.field("person_id").type == pa.int64()
-    attrition = ctx.sql(f"SELECT * FROM cohort_attrition('{COHORT}')").to_arrow_table()
+    attrition = ctx.sql(f"SELECT * FROM cohort_attrition('{COHORT}')")
     assert attrition.num_rows > 0
-    for sql in COHORT_SETUP:
-        ctx.sql(sql).collect()
-    table = ctx.sql(COHORT_FIT).to_arrow_table()
+    assert_same_table(cli_rows(f"SELECT * FROM cohort_attrition('{COHORT}')", GIBLEED), attrition)
+    table = ctx.sql("; ".join(COHORT_SETUP + [COHORT_FIT]))
     assert table.column("status").to_pylist() == ["converged"]
     assert_same_table(cli_rows("; ".join(COHORT_SETUP + [COHORT_FIT]), GIBLEED), table)
-    cli_attrition = cli_rows(f"SELECT * FROM cohort_attrition('{COHORT}')", GIBLEED)
-    assert_same_table(cli_attrition, attrition)
+    # register_omop on a session made without a store gives the same tables.
+    other = epifusion.SessionContext()
+    assert set(other.register_omop(GIBLEED)) <= names
 
 
 def test_errors_are_python_exceptions_with_the_clis_message(ctx):
-    ctx.sql(LUNG).collect()
+    ctx.sql(LUNG)
     bad = "SELECT * FROM cox_fit('SELECT time, status - 1 AS y, age FROM lung', '{\"bogus\": 1}')"
-    with pytest.raises(Exception) as err:
-        ctx.sql(bad).collect()
+    with pytest.raises(epifusion.EpifusionError) as err:
+        ctx.sql(bad)
+    assert isinstance(err.value, RuntimeError)
     out = cli(f"{LUNG}; {bad}")
     assert out.returncode != 0
     # The CLI prints "error: <message>"; the Python exception carries the same message.
     cli_message = out.stderr.strip().splitlines()[-1].removeprefix("error: ")
     assert "bogus" in cli_message
-    assert cli_message in str(err.value), (cli_message, str(err.value))
+    assert str(err.value) == cli_message
 
 
-def test_input_queries_are_read_only_and_see_the_sessions_tables(ctx):
-    with pytest.raises(Exception, match="read-only"):
-        ctx.sql("SELECT * FROM cox_fit('CREATE TABLE t AS SELECT 1 AS time, 1 AS y')").collect()
-    with pytest.raises(Exception, match="no_such_table"):
-        ctx.sql("SELECT * FROM cox_fit('SELECT time, y FROM no_such_table')").collect()
+def test_input_queries_are_read_only_and_name_missing_tables(ctx):
+    with pytest.raises(epifusion.EpifusionError, match="read-only"):
+        ctx.sql("SELECT * FROM cox_fit('CREATE TABLE t AS SELECT 1 AS time, 1 AS y')")
+    with pytest.raises(epifusion.EpifusionError, match="no_such_table"):
+        ctx.sql("SELECT * FROM cox_fit('SELECT time, y FROM no_such_table')")
+    with pytest.raises(epifusion.EpifusionError, match="no SQL statement"):
+        ctx.sql("  ")
 
 
 def test_register_omop_errors(tmp_path):
-    ctx = datafusion.SessionContext()
-    with pytest.raises(RuntimeError, match="no OMOP CDM tables"):
-        epifusion.register_omop(ctx, tmp_path)
-    with pytest.raises(TypeError, match="SessionContext"):
+    with pytest.raises(epifusion.EpifusionError, match="no OMOP CDM tables"):
+        epifusion.SessionContext().register_omop(tmp_path)
+    with pytest.raises(epifusion.EpifusionError, match="no OMOP CDM tables"):
+        epifusion.SessionContext(omop=tmp_path)
+
+
+@pytest.mark.skipif(epifusion.has_ffi(), reason="built with the ffi feature")
+def test_register_without_ffi_says_how_to_get_it():
+    with pytest.raises(ImportError, match="ffi"):
         epifusion.register(object())
