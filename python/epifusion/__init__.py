@@ -81,8 +81,8 @@ def _require_ffi() -> None:
     if not has_ffi():
         raise ImportError(
             "this epifusion build has no datafusion-python registration: rebuild the extension "
-            "with its cargo feature `ffi` (pip install ./python "
-            "--config-settings=build-args='--features ffi'), or use epifusion.SessionContext"
+            "with its cargo feature `ffi` (MATURIN_PEP517_ARGS='--features ffi' "
+            "pip install ./python), or use epifusion.SessionContext"
         )
 
 
