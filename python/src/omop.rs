@@ -50,7 +50,7 @@ impl TableProvider for OwnRuntimeTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let handle = crate::runtime()
+        let handle = crate::runtime::runtime()
             .map_err(|e| datafusion::common::DataFusionError::External(e.to_string().into()))?
             .handle()
             .clone();
@@ -154,7 +154,7 @@ impl OmopTable {
         session: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let codec = crate::ffi::session_codec(session)?;
-        let handle = crate::runtime()?.handle().clone();
+        let handle = crate::runtime::runtime()?.handle().clone();
         let ffi =
             FFI_TableProvider::new_with_ffi_codec(self.provider.clone(), true, Some(handle), codec);
         PyCapsule::new(
@@ -169,7 +169,7 @@ impl OmopTable {
 /// `(name, OmopTable)`.
 #[pyfunction]
 pub fn omop_tables(py: Python<'_>, location: String) -> PyResult<Vec<(String, Py<OmopTable>)>> {
-    let rt = crate::runtime()?;
+    let rt = crate::runtime::runtime()?;
     let found = py
         .detach(|| {
             rt.block_on(async {
