@@ -431,6 +431,7 @@ fn expand(
             .iter()
             .map(|(_, s)| (s.clone(), file.concept_sets[s].get_ref().clone()))
             .collect();
+        let fit_options = super::cohort_adjust::outcome_fit_options(&design, fit_options.clone());
         let mut unit = Analysis {
             id,
             name: name.clone(),
@@ -439,7 +440,7 @@ fn expand(
             model,
             roles,
             concept_sets,
-            fit_options: fit_options.clone(),
+            fit_options,
             report: a.report.clone(),
             fingerprint: String::new(),
             span: a.name.span(),
@@ -563,6 +564,22 @@ pub fn check_design(src: &Source, a: &Analysis) -> Result<(), PipelineError> {
     };
     let table = a.design.kind().name();
     let key = |label: &str| format!("analysis `{}`: {label}", a.name);
+    if let Design::Cohort(t) = &a.design {
+        // `[analysis.cohort.ps]` and `[analysis.cohort.adjustment]` (cohort_adjust.rs).
+        if let Err((rest, message)) = super::cohort_adjust::settings(t) {
+            let mut path = vec![
+                PathSeg::key("analysis"),
+                PathSeg::Index(a.index),
+                PathSeg::key(table),
+            ];
+            path.extend(rest.iter().map(|k| PathSeg::key(k)));
+            let span = src
+                .locate(&path)
+                .or_else(|| src.locate(&path[..3]))
+                .unwrap_or(a.span.clone());
+            return Err(src.error(span, key(&format!("cohort.{}", rest.join("."))), message));
+        }
+    }
     let table_span = || {
         let path = [
             PathSeg::key("analysis"),

@@ -406,6 +406,7 @@ async fn run_locked(
     };
     let mut entries = Vec::new();
     let mut failures = Vec::new();
+    let ps_cache = super::cohort_adjust::PsCache::new();
     let pause = std::env::var("EPIFUSION_TEST_PAUSE_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok());
@@ -428,7 +429,7 @@ async fn run_locked(
             progress.advance();
             continue;
         }
-        match run_unit(ctx, p, a, out, &run, &tag, progress).await {
+        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache).await {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -579,6 +580,7 @@ async fn run_unit(
     run: &str,
     tag: &str,
     progress: &Progress,
+    ps_cache: &super::cohort_adjust::PsCache,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
@@ -586,7 +588,12 @@ async fn run_unit(
     if let Design::Sql(q) = &a.design {
         plan::run_setup(ctx, q, &p.source).await?;
     }
-    let t = tables::build_tables(ctx, a)
+    let mut t = tables::build_tables(ctx, a)
+        .await
+        .map_err(|e| analysis_err(a, e))?;
+    // Cohort designs with [analysis.cohort.ps] / [analysis.cohort.adjustment].
+    progress.step(&format!("{tag}: propensity scores and adjustment"));
+    let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache)
         .await
         .map_err(|e| analysis_err(a, e))?;
     let build_seconds = t0.elapsed().as_secs_f64();
@@ -648,13 +655,33 @@ async fn run_unit(
 
     progress.step(&format!("{tag}: writing results"));
     let t2 = Instant::now();
-    let tables_out: [(&str, Vec<RecordBatch>); 5] = [
+    let mut cm_tables = Vec::new();
+    if let Some(adj) = &adjusted {
+        let (cm, note) = super::cohort_results::cm_outputs(
+            ctx,
+            p,
+            a,
+            adj,
+            &t.outcomes,
+            &t.covariates,
+            &fitted.estimates,
+            &t.attrition,
+        )
+        .await
+        .map_err(|e| analysis_err(a, e))?;
+        if let Some(note) = note {
+            progress.log(&format!("{tag}: {note}"));
+        }
+        cm_tables.extend(cm.into_iter().map(|(n, b)| (n, vec![b])));
+    }
+    let mut tables_out: Vec<(&str, Vec<RecordBatch>)> = vec![
         ("estimates", fitted.estimates),
         ("attrition", fitted.attrition),
         ("covariate_ref", fitted.covariate_ref),
         ("diagnostics", vec![diagnostics]),
         ("metadata", vec![metadata]),
     ];
+    tables_out.extend(cm_tables);
     let mut objects = BTreeMap::new();
     for (name, batches) in tables_out {
         let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
