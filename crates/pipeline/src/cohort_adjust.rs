@@ -103,11 +103,21 @@ impl Method {
     }
 }
 
-const COMMON_KEYS: &[&str] = &["method", "trim_fraction", "equipoise_bounds", "use_covariates"];
+const COMMON_KEYS: &[&str] = &[
+    "method",
+    "trim_fraction",
+    "equipoise_bounds",
+    "use_covariates",
+];
 const METHOD_KEYS: &[(Method, &[&str])] = &[
     (
         Method::Match,
-        &["caliper", "caliper_scale", "max_ratio", "allow_reverse_match"],
+        &[
+            "caliper",
+            "caliper_scale",
+            "max_ratio",
+            "allow_reverse_match",
+        ],
     ),
     (Method::Stratify, &["number_of_strata", "base_selection"]),
     (
@@ -177,8 +187,9 @@ pub fn settings(cohort: &toml::Table) -> Result<Option<AdjustmentSettings>, Sett
         return Ok(None);
     }
     let as_json = |key: &str, v: &toml::Value| match v {
-        toml::Value::Table(t) => serde_json::to_value(t)
-            .map_err(|e| (vec![key.to_string()], e.to_string())),
+        toml::Value::Table(t) => {
+            serde_json::to_value(t).map_err(|e| (vec![key.to_string()], e.to_string()))
+        }
         _ => Err((
             vec![key.to_string()],
             format!("is a table ([analysis.cohort.{key}])"),
@@ -242,7 +253,10 @@ pub fn settings(cohort: &toml::Table) -> Result<Option<AdjustmentSettings>, Sett
         if own.contains(&k.as_str()) {
             continue;
         }
-        let message = match METHOD_KEYS.iter().find(|(_, keys)| keys.contains(&k.as_str())) {
+        let message = match METHOD_KEYS
+            .iter()
+            .find(|(_, keys)| keys.contains(&k.as_str()))
+        {
             Some((m, _)) => format!(
                 "`{k}` is a setting of method = \"{}\", not of \"{}\"",
                 m.name(),
@@ -411,7 +425,8 @@ async fn fit_shared(
     let covariates = SparseCovariates::from_triplets(row_ids.len(), &entries).map_err(core_err)?;
     let build_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let (treatment, covariates, settings) = (Arc::new(treatment), Arc::new(covariates), settings.clone());
+    let (treatment, covariates, settings) =
+        (Arc::new(treatment), Arc::new(covariates), settings.clone());
     let (tr, cv) = (treatment.clone(), covariates.clone());
     let fit = tokio::task::spawn_blocking(move || fit_propensity(&tr, &cv, &settings))
         .await
@@ -525,7 +540,10 @@ pub async fn adjust(
     order.sort_unstable();
     let unit_idx: Vec<usize> = order.iter().map(|o| o.0).collect();
     let take: Vec<u32> = order.iter().map(|o| o.1 as u32).collect();
-    let outcomes = take_record_batch(&outcomes, &datafusion::arrow::array::UInt32Array::from(take))?;
+    let outcomes = take_record_batch(
+        &outcomes,
+        &datafusion::arrow::array::UInt32Array::from(take),
+    )?;
     let treatment: Vec<bool> = unit_idx.iter().map(|&i| shared.treatment[i]).collect();
     let ps: Vec<f64> = unit_idx
         .iter()
@@ -585,9 +603,7 @@ pub async fn adjust(
             "analysis `{}`: no subject is left after {} (no overlap of the arms' propensity \
              scores?)",
             a.id,
-            steps
-                .last()
-                .map_or("trimming", |s| s.description.as_str())
+            steps.last().map_or("trimming", |s| s.description.as_str())
         );
     }
 
@@ -598,9 +614,8 @@ pub async fn adjust(
     let mut adjusted = take_record_batch(&outcomes, &idx)?;
     let mut fields: Vec<Field> = Vec::new();
     let mut cols: Vec<ArrayRef> = Vec::new();
-    let replaced = |n: &str| {
-        (n == "stratum_id" && stratum.is_some()) || (n == "weight" && weight.is_some())
-    };
+    let replaced =
+        |n: &str| (n == "stratum_id" && stratum.is_some()) || (n == "weight" && weight.is_some());
     for (f, c) in adjusted.schema().fields().iter().zip(adjusted.columns()) {
         if !replaced(f.name()) {
             fields.push(f.as_ref().clone());
@@ -643,12 +658,21 @@ pub async fn adjust(
         let mut remaining = s.trim.clone();
         for _ in 0..trim_steps {
             // Re-run the trimming steps one at a time (cheap) to know each step's rows.
-            let one = match (remaining.trim_fraction.take(), remaining.equipoise_bounds.take()) {
+            let one = match (
+                remaining.trim_fraction.take(),
+                remaining.equipoise_bounds.take(),
+            ) {
                 (Some(f), eb) => {
                     remaining.equipoise_bounds = eb;
-                    TrimSettings { trim_fraction: Some(f), ..Default::default() }
+                    TrimSettings {
+                        trim_fraction: Some(f),
+                        ..Default::default()
+                    }
                 }
-                (None, Some(b)) => TrimSettings { equipoise_bounds: Some(b), ..Default::default() },
+                (None, Some(b)) => TrimSettings {
+                    equipoise_bounds: Some(b),
+                    ..Default::default()
+                },
                 (None, None) => break,
             };
             let tt: Vec<bool> = current.iter().map(|&i| treatment[i]).collect();
@@ -677,7 +701,9 @@ pub async fn adjust(
             ));
         }
         let col = |k: usize| -> ArrayRef {
-            Arc::new(Int64Array::from_iter_values(rows_out.iter().map(|r| r.2[k])))
+            Arc::new(Int64Array::from_iter_values(
+                rows_out.iter().map(|r| r.2[k]),
+            ))
         };
         attrition.push(RecordBatch::try_new(
             study::cohort::attrition_schema(),

@@ -122,10 +122,7 @@ impl Table {
         self
     }
     fn f64(mut self, name: &str, v: Vec<Option<f64>>) -> Self {
-        let v: Vec<Option<f64>> = v
-            .into_iter()
-            .map(|x| x.filter(|x| x.is_finite()))
-            .collect();
+        let v: Vec<Option<f64>> = v.into_iter().map(|x| x.filter(|x| x.is_finite())).collect();
         self.fields.push(Field::new(name, DataType::Float64, true));
         self.columns.push(Arc::new(Float64Array::from(v)));
         self
@@ -206,7 +203,13 @@ fn density(x: &[f64], at: &[f64]) -> Vec<f64> {
     let iqr = (q(0.75) - q(0.25)) / 1.34;
     let mut lo = sd.min(iqr);
     if lo <= 0.0 {
-        lo = if sd > 0.0 { sd } else if mean != 0.0 { mean.abs() } else { 1.0 };
+        lo = if sd > 0.0 {
+            sd
+        } else if mean != 0.0 {
+            mean.abs()
+        } else {
+            1.0
+        };
     }
     let bw = 0.9 * lo * (n as f64).powf(-0.2);
     let norm = 1.0 / (n as f64 * bw * (2.0 * std::f64::consts::PI).sqrt());
@@ -370,16 +373,23 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
     let rows = &adj.balance.covariates;
     let n = rows.len();
     let before = |f: fn(&epifusion_core::cohort::balance::GroupStats) -> f64| {
-        rows.iter().map(|r| r.before.map(|s| f(&s))).collect::<Vec<_>>()
+        rows.iter()
+            .map(|r| r.before.map(|s| f(&s)))
+            .collect::<Vec<_>>()
     };
     let after = |f: fn(&epifusion_core::cohort::balance::GroupStats) -> f64| {
-        rows.iter().map(|r| r.after.map(|s| f(&s))).collect::<Vec<_>>()
+        rows.iter()
+            .map(|r| r.after.map(|s| f(&s)))
+            .collect::<Vec<_>>()
     };
     out.push((
         "cm_covariate_balance",
         Table::default()
             .keys(&k, "dtcoa", n)
-            .i64("covariate_id", rows.iter().map(|r| r.covariate_id).collect())
+            .i64(
+                "covariate_id",
+                rows.iter().map(|r| r.covariate_id).collect(),
+            )
             .f64("target_mean_before", before(|s| s.mean_target))
             .f64("comparator_mean_before", before(|s| s.mean_comparator))
             .f64("std_diff_before", before(|s| s.std_diff))
@@ -415,7 +425,10 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
             .f64("attrition_fraction", vec![attrition_fraction])
             .f64("ease", vec![v.ease])
             .str("balance_diagnostic", vec![d.balance.label().into()])
-            .str("shared_balance_diagnostic", vec![d.shared_balance.label().into()])
+            .str(
+                "shared_balance_diagnostic",
+                vec![d.shared_balance.label().into()],
+            )
             .str("equipoise_diagnostic", vec![d.equipoise.label().into()])
             .str("mdrr_diagnostic", vec![d.mdrr.label().into()])
             .str("attrition_diagnostic", vec!["NOT EVALUATED".into()])
@@ -471,7 +484,13 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
     let km = Table::default();
     let km = match &adj.km {
         Ok(c) => {
-            let mut times: Vec<f64> = c.target.time.iter().chain(&c.comparator.time).copied().collect();
+            let mut times: Vec<f64> = c
+                .target
+                .time
+                .iter()
+                .chain(&c.comparator.time)
+                .copied()
+                .collect();
             times.push(0.0);
             times.sort_unstable_by(f64::total_cmp);
             times.dedup();
@@ -481,9 +500,18 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
                 .f64("target_survival", t.iter().map(|r| Some(r.0)).collect())
                 .f64("target_survival_lb", t.iter().map(|r| Some(r.1)).collect())
                 .f64("target_survival_ub", t.iter().map(|r| Some(r.2)).collect())
-                .f64("comparator_survival", cc.iter().map(|r| Some(r.0)).collect())
-                .f64("comparator_survival_lb", cc.iter().map(|r| Some(r.1)).collect())
-                .f64("comparator_survival_ub", cc.iter().map(|r| Some(r.2)).collect())
+                .f64(
+                    "comparator_survival",
+                    cc.iter().map(|r| Some(r.0)).collect(),
+                )
+                .f64(
+                    "comparator_survival_lb",
+                    cc.iter().map(|r| Some(r.1)).collect(),
+                )
+                .f64(
+                    "comparator_survival_ub",
+                    cc.iter().map(|r| Some(r.2)).collect(),
+                )
                 .i64("target_at_risk", t.iter().map(|r| r.3).collect())
                 .i64("comparator_at_risk", cc.iter().map(|r| r.3).collect())
                 .keys(&k, "tcoad", times.len())
@@ -516,7 +544,9 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
             .column_by_name("description")
             .map(|c| cast(c, &DataType::Utf8))
             .transpose()?;
-        let d = d.as_ref().and_then(|c| c.as_any().downcast_ref::<StringArray>());
+        let d = d
+            .as_ref()
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>());
         for i in 0..b.num_rows() {
             let s = seq.len() as i64 / 2 + 1;
             let text = d.map_or(String::new(), |d| d.value(i).to_string());
@@ -546,7 +576,10 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
         "cm_likelihood_profile",
         Table::default()
             .f64("log_rr", profile_rows.iter().map(|r| Some(r.0)).collect())
-            .f64("log_likelihood", profile_rows.iter().map(|r| Some(r.1)).collect())
+            .f64(
+                "log_likelihood",
+                profile_rows.iter().map(|r| Some(r.1)).collect(),
+            )
             .keys(&k, "tcoad", n)
             .batch()?,
     ));
@@ -557,7 +590,9 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
 /// plus 0 (for the LLR).
 pub fn profile_grid() -> Vec<f64> {
     let (lo, hi) = (0.1f64.ln(), 10f64.ln());
-    let mut g: Vec<f64> = (0..1000).map(|i| lo + (hi - lo) * i as f64 / 999.0).collect();
+    let mut g: Vec<f64> = (0..1000)
+        .map(|i| lo + (hi - lo) * i as f64 / 999.0)
+        .collect();
     g.push(0.0);
     g.sort_unstable_by(f64::total_cmp);
     g
@@ -607,7 +642,10 @@ pub async fn cm_outputs(
             Ok(r) => (Some(vec![r.batch]), None),
             Err(e) => (None, Some(format!("no likelihood profile: {e}"))),
         },
-        _ => (None, Some("no likelihood profile: empty tables".to_string())),
+        _ => (
+            None,
+            Some("no likelihood profile: empty tables".to_string()),
+        ),
     };
     let tables = cm_tables(&UnitResults {
         pipeline: p,
@@ -620,4 +658,100 @@ pub async fn cm_outputs(
         profile: profile.as_deref(),
     })?;
     Ok((tables, note))
+}
+
+/// The report's plots of a unit from its `cm_*` tables (read back from the output).
+pub fn report_plots(
+    preference: Vec<RecordBatch>,
+    balance: Vec<RecordBatch>,
+    km: Vec<RecordBatch>,
+    diagnostics: Vec<RecordBatch>,
+) -> DfResult<super::report::CohortPlots> {
+    let mut plots = super::report::CohortPlots {
+        diagnostics,
+        ..Default::default()
+    };
+    for b in &preference {
+        let (x, t, c) = (
+            column_f64(b, "preference_score")?,
+            column_f64(b, "target_density")?,
+            column_f64(b, "comparator_density")?,
+        );
+        for i in 0..b.num_rows() {
+            if let (Some(x), Some(t), Some(c)) = (x[i], t[i], c[i]) {
+                plots.preference.push((x, t, c));
+            }
+        }
+    }
+    for b in &balance {
+        let (before, after) = (
+            column_f64(b, "std_diff_before")?,
+            column_f64(b, "std_diff_after")?,
+        );
+        for i in 0..b.num_rows() {
+            if let (Some(x), Some(y)) = (before[i], after[i]) {
+                plots.balance.push((x.abs(), y.abs()));
+            }
+        }
+    }
+    for b in &km {
+        let (d, t, c) = (
+            column_i64(b, "time_day")?,
+            column_f64(b, "target_survival")?,
+            column_f64(b, "comparator_survival")?,
+        );
+        for i in 0..b.num_rows() {
+            if let (Some(d), Some(t), Some(c)) = (d[i], t[i], c[i]) {
+                plots.km.push((d as f64, t, c));
+            }
+        }
+    }
+    Ok(plots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_density_integrates_to_one_and_peaks_at_the_data() {
+        let x: Vec<f64> = (0..200).map(|i| 0.3 + 0.002 * f64::from(i % 50)).collect();
+        let at: Vec<f64> = (0..=4000).map(|i| -1.0 + f64::from(i) * 0.00075).collect();
+        let d = density(&x, &at);
+        let integral: f64 = d.iter().sum::<f64>() * 0.00075;
+        assert!((integral - 1.0).abs() < 1e-3, "{integral}");
+        let peak = at[d
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0];
+        assert!((0.3..=0.4).contains(&peak), "{peak}");
+        assert_eq!(density(&[], &[0.5]), vec![0.0]);
+    }
+
+    #[test]
+    fn km_steps_are_read_at_and_after_each_time() {
+        let c = KmCurve {
+            time: vec![2.0, 5.0],
+            survival: vec![0.9, 0.5],
+            variance: vec![0.0, 0.0],
+            lower: vec![0.8, 0.4],
+            upper: vec![1.0, 0.6],
+            at_risk: vec![10, 4],
+            events: vec![1.0, 2.0],
+        };
+        assert_eq!(km_at(&c, 0.0), (1.0, 1.0, 1.0, 10));
+        assert_eq!(km_at(&c, 2.0), (0.9, 0.8, 1.0, 10));
+        assert_eq!(km_at(&c, 3.0), (0.9, 0.8, 1.0, 4));
+        assert_eq!(km_at(&c, 6.0), (0.5, 0.4, 0.6, 0));
+    }
+
+    #[test]
+    fn the_profile_grid_is_cohortmethods_plus_zero() {
+        let g = profile_grid();
+        assert_eq!(g.len(), 1001);
+        assert!((g[0] - 0.1f64.ln()).abs() < 1e-12 && (g[1000] - 10f64.ln()).abs() < 1e-12);
+        assert!(g.contains(&0.0) && g.windows(2).all(|w| w[0] < w[1]));
+    }
 }

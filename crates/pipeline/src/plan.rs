@@ -1016,29 +1016,64 @@ end = 30
             Ok(_) => panic!("no error for {adj}"),
             Err(e) => e,
         };
-        let e = err("ps_key", "[analysis.cohort.ps]\ncv_folds = 10\ncv_repetitons = 1\n");
-        assert!(e.contains("p.toml:26:") && e.contains("cohort.ps.cv_repetitons"), "{e}");
+        let e = err(
+            "ps_key",
+            "[analysis.cohort.ps]\ncv_folds = 10\ncv_repetitons = 1\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("cohort.ps.cv_repetitons"),
+            "{e}"
+        );
         let e = err("ps_val", "[analysis.cohort.ps]\ntolerance = -1\n");
-        assert!(e.contains("p.toml:25:") && e.contains("cohort.ps.tolerance"), "{e}");
-        let e = err("method", "[analysis.cohort.adjustment]\nmethod = \"macth\"\n");
+        assert!(
+            e.contains("p.toml:25:") && e.contains("cohort.ps.tolerance"),
+            "{e}"
+        );
+        let e = err(
+            "method",
+            "[analysis.cohort.adjustment]\nmethod = \"macth\"\n",
+        );
         assert!(e.contains("p.toml:25:") && e.contains("macth"), "{e}");
         let e = err("no_method", "[analysis.cohort.adjustment]\ncaliper = 0.2\n");
-        assert!(e.contains("p.toml:24:") && e.contains("missing `method`"), "{e}");
+        assert!(
+            e.contains("p.toml:24:") && e.contains("missing `method`"),
+            "{e}"
+        );
         let e = err(
             "other_method",
             "[analysis.cohort.adjustment]\nmethod = \"stratify\"\ncaliper = 0.2\n",
         );
         assert!(
-            e.contains("p.toml:26:") && e.contains("cohort.adjustment.caliper") && e.contains("method = \"match\""),
+            e.contains("p.toml:26:")
+                && e.contains("cohort.adjustment.caliper")
+                && e.contains("method = \"match\""),
             "{e}"
         );
-        let e = err("caliper", "[analysis.cohort.adjustment]\nmethod = \"match\"\ncaliper = -1\n");
+        let e = err(
+            "caliper",
+            "[analysis.cohort.adjustment]\nmethod = \"match\"\ncaliper = -1\n",
+        );
         assert!(e.contains("p.toml:26:") && e.contains("caliper"), "{e}");
-        let e = err("strata", "[analysis.cohort.adjustment]\nmethod = \"stratify\"\nnumber_of_strata = 0\n");
-        assert!(e.contains("p.toml:26:") && e.contains("number_of_strata"), "{e}");
-        let e = err("trim", "[analysis.cohort.adjustment]\nmethod = \"none\"\ntrim_fraction = 2\n");
-        assert!(e.contains("p.toml:26:") && e.contains("trim_fraction"), "{e}");
-        let e = err("est", "[analysis.cohort.adjustment]\nmethod = \"weight\"\nestimator = \"atx\"\n");
+        let e = err(
+            "strata",
+            "[analysis.cohort.adjustment]\nmethod = \"stratify\"\nnumber_of_strata = 0\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("number_of_strata"),
+            "{e}"
+        );
+        let e = err(
+            "trim",
+            "[analysis.cohort.adjustment]\nmethod = \"none\"\ntrim_fraction = 2\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("trim_fraction"),
+            "{e}"
+        );
+        let e = err(
+            "est",
+            "[analysis.cohort.adjustment]\nmethod = \"weight\"\nestimator = \"atx\"\n",
+        );
         assert!(e.contains("p.toml:26:") && e.contains("estimator"), "{e}");
     }
 

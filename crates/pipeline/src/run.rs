@@ -1045,6 +1045,19 @@ async fn build_report(
             attrition: read("attrition").await?,
             diagnostics: read("diagnostics").await?,
             warnings,
+            cohort: if m.objects.contains_key("cm_diagnostics_summary") {
+                Some(
+                    super::cohort_results::report_plots(
+                        read("cm_preference_score_dist").await?,
+                        read("cm_covariate_balance").await?,
+                        read("cm_kaplan_meier_dist").await?,
+                        read("cm_diagnostics_summary").await?,
+                    )
+                    .map_err(|e| analysis_err(a, e))?,
+                )
+            } else {
+                None
+            },
         });
     }
     let computed = run.analyses.iter().filter(|e| !e.skipped).count();
