@@ -66,6 +66,7 @@ use epifusion_core::cohort::stratify::{stratify_by_ps, StratifySettings};
 use epifusion_core::cohort::trim::TrimSettings;
 use epifusion_core::cohort::weights::{iptw, IptwSettings};
 use epifusion_core::cohort::{AttritionStep, SparseCovariates};
+use epifusion_sql::fit_table::run_blocking;
 use epifusion_sql::study::{self, CohortDesign};
 
 use super::plan::{Analysis, Design};
@@ -428,10 +429,11 @@ async fn fit_shared(
     let (treatment, covariates, settings) =
         (Arc::new(treatment), Arc::new(covariates), settings.clone());
     let (tr, cv) = (treatment.clone(), covariates.clone());
-    let fit = tokio::task::spawn_blocking(move || fit_propensity(&tr, &cv, &settings))
-        .await
-        .map_err(|e| exec_datafusion_err!("the propensity fit stopped: {e}"))?
-        .map_err(|e| exec_datafusion_err!("propensity model: {e}"))?;
+    let fit = run_blocking("the propensity fit", move || {
+        fit_propensity(&tr, &cv, &settings)
+    })
+    .await
+    .map_err(|e| exec_datafusion_err!("propensity model: {e}"))?;
     let fit_seconds = t1.elapsed().as_secs_f64();
     Ok(SharedPs {
         row_ids,
@@ -742,7 +744,7 @@ pub async fn adjust(
         Adjustment::Strata(st) => Owned::Strata(st.to_vec()),
         Adjustment::None => Owned::None,
     };
-    let balance = tokio::task::spawn_blocking(move || {
+    let balance = run_blocking("the covariate balance", move || {
         let adjustment = match &adjustment_owned {
             Owned::Iptw(w) => Adjustment::Iptw(w),
             Owned::Strata(st) => Adjustment::Strata(st),
@@ -757,9 +759,7 @@ pub async fn adjust(
             },
         )
     })
-    .await
-    .map_err(|e| exec_datafusion_err!("the balance computation stopped: {e}"))?
-    .map_err(core_err)?;
+    .await?;
 
     // MDRR, diagnostics, Kaplan–Meier on the adjusted population.
     let t_k: Vec<bool> = kept.iter().map(|&i| treatment[i]).collect();

@@ -622,11 +622,10 @@ pub async fn cm_outputs(
     p: &Pipeline,
     a: &Analysis,
     adjusted: &Adjusted,
-    outcomes: &[RecordBatch],
-    covariates: &[RecordBatch],
+    t: &super::tables::StudyTables,
     estimates: &[RecordBatch],
-    attrition: &[RecordBatch],
 ) -> DfResult<(Vec<(&'static str, RecordBatch)>, Option<String>)> {
+    let (outcomes, covariates, attrition) = (&t.outcomes, &t.covariates, &t.attrition);
     let given = p.file.database_id.as_ref().map(|s| s.get_ref().as_str());
     let database_id = database_id(ctx, given, &p.omop).await;
     let function = a.model.descriptor().table_function;

@@ -572,6 +572,7 @@ async fn sizes(
 }
 
 /// Build, fit and write one unit; returns its manifest.
+#[allow(clippy::too_many_arguments)] // the run's shared state (output, progress, PS cache), one argument each
 async fn run_unit(
     ctx: &SessionContext,
     p: &Pipeline,
@@ -657,18 +658,9 @@ async fn run_unit(
     let t2 = Instant::now();
     let mut cm_tables = Vec::new();
     if let Some(adj) = &adjusted {
-        let (cm, note) = super::cohort_results::cm_outputs(
-            ctx,
-            p,
-            a,
-            adj,
-            &t.outcomes,
-            &t.covariates,
-            &fitted.estimates,
-            &t.attrition,
-        )
-        .await
-        .map_err(|e| analysis_err(a, e))?;
+        let (cm, note) = super::cohort_results::cm_outputs(ctx, p, a, adj, &t, &fitted.estimates)
+            .await
+            .map_err(|e| analysis_err(a, e))?;
         if let Some(note) = note {
             progress.log(&format!("{tag}: {note}"));
         }
