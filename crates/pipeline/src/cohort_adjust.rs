@@ -432,8 +432,7 @@ async fn fit_shared(
     let fit = run_blocking("the propensity fit", move || {
         fit_propensity(&tr, &cv, &settings)
     })
-    .await
-    .map_err(|e| exec_datafusion_err!("propensity model: {e}"))?;
+    .await?;
     let fit_seconds = t1.elapsed().as_secs_f64();
     Ok(SharedPs {
         row_ids,

@@ -15,7 +15,8 @@
 //!   the fit's (`ci` option) on the exp scale, `p` two-sided and `one_sided_p = 1 − Φ(log_rr /
 //!   se_log_rr)` (the extra column; CohortMethod 5.x writes it in later versions) from
 //!   the Wald statistic, `llr = LL(β̂) − LL(0)` from the likelihood profile; subjects, days and
-//!   outcomes count the adjusted population (matched or trimmed). `calibrated_*` are NULL: the
+//!   outcomes count the adjusted population (matched or trimmed); the estimate columns are
+//!   NULL unless the outcome model converged. `calibrated_*` are NULL: the
 //!   pipeline has no negative-control declaration yet.
 //! * `cm_likelihood_profile`: CohortMethod's grid of 1000 values of log RR in [log 0.1, log
 //!   10] (plus 0 and the estimate), `log_likelihood` normalized to 0 at its maximum.
@@ -278,8 +279,19 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
             column_f64(b, "ci_lower")?,
             column_f64(b, "ci_upper")?,
         );
+        let status = b
+            .column_by_name("status")
+            .map(|c| cast(c, &DataType::Utf8))
+            .transpose()?;
+        let status = status
+            .as_ref()
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>());
         if let Some(i) = ids.iter().position(|&id| id == Some(1)) {
-            est = (e[i], se[i], lo[i], hi[i]);
+            // No estimate unless the outcome model converged (e.g. `no_finite_mle` when one
+            // arm has no outcome): CohortMethod's NA, never a number that looks like one.
+            if status.is_none_or(|s| s.value(i) == "converged") {
+                est = (e[i], se[i], lo[i], hi[i]);
+            }
         }
     }
     let (log_rr, se, lo, hi) = est;

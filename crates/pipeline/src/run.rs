@@ -597,6 +597,19 @@ async fn run_unit(
     let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache)
         .await
         .map_err(|e| analysis_err(a, e))?;
+    if let Some(adj) = &adjusted {
+        progress.log(&format!(
+            "{tag}: propensity model on {} subjects ({} non-zero coefficients, variance {:.4}): \
+             population {:.2} s, fit {:.2} s (shared by the analysis' outcomes); matching, balance \
+             and diagnostics {:.2} s",
+            adj.shared.row_ids.len(),
+            adj.shared.fit.coefficients.len(),
+            adj.shared.fit.variance,
+            adj.shared.build_seconds,
+            adj.shared.fit_seconds,
+            adj.seconds
+        ));
+    }
     let build_seconds = t0.elapsed().as_secs_f64();
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     progress.step(&format!("{tag}: fitting {} ({rows} rows)", a.model.name()));
