@@ -13,6 +13,8 @@
 //! The file format, output layout and the atomicity, resume and retry rules are in the README
 //! and in `pipelines/README.md`.
 
+pub mod cohort_adjust;
+pub mod cohort_results;
 pub mod lock;
 pub mod output;
 pub mod plan;

@@ -406,6 +406,7 @@ async fn run_locked(
     };
     let mut entries = Vec::new();
     let mut failures = Vec::new();
+    let ps_cache = super::cohort_adjust::PsCache::new();
     let pause = std::env::var("EPIFUSION_TEST_PAUSE_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok());
@@ -428,7 +429,7 @@ async fn run_locked(
             progress.advance();
             continue;
         }
-        match run_unit(ctx, p, a, out, &run, &tag, progress).await {
+        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache).await {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -571,6 +572,7 @@ async fn sizes(
 }
 
 /// Build, fit and write one unit; returns its manifest.
+#[allow(clippy::too_many_arguments)] // the run's shared state (output, progress, PS cache), one argument each
 async fn run_unit(
     ctx: &SessionContext,
     p: &Pipeline,
@@ -579,6 +581,7 @@ async fn run_unit(
     run: &str,
     tag: &str,
     progress: &Progress,
+    ps_cache: &super::cohort_adjust::PsCache,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
@@ -586,9 +589,27 @@ async fn run_unit(
     if let Design::Sql(q) = &a.design {
         plan::run_setup(ctx, q, &p.source).await?;
     }
-    let t = tables::build_tables(ctx, a)
+    let mut t = tables::build_tables(ctx, a)
         .await
         .map_err(|e| analysis_err(a, e))?;
+    // Cohort designs with [analysis.cohort.ps] / [analysis.cohort.adjustment].
+    progress.step(&format!("{tag}: propensity scores and adjustment"));
+    let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache)
+        .await
+        .map_err(|e| analysis_err(a, e))?;
+    if let Some(adj) = &adjusted {
+        progress.log(&format!(
+            "{tag}: propensity model on {} subjects ({} non-zero coefficients, variance {:.4}): \
+             population {:.2} s, fit {:.2} s (shared by the analysis' outcomes); matching, balance \
+             and diagnostics {:.2} s",
+            adj.shared.row_ids.len(),
+            adj.shared.fit.coefficients.len(),
+            adj.shared.fit.variance,
+            adj.shared.build_seconds,
+            adj.shared.fit_seconds,
+            adj.seconds
+        ));
+    }
     let build_seconds = t0.elapsed().as_secs_f64();
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     progress.step(&format!("{tag}: fitting {} ({rows} rows)", a.model.name()));
@@ -648,13 +669,24 @@ async fn run_unit(
 
     progress.step(&format!("{tag}: writing results"));
     let t2 = Instant::now();
-    let tables_out: [(&str, Vec<RecordBatch>); 5] = [
+    let mut cm_tables = Vec::new();
+    if let Some(adj) = &adjusted {
+        let (cm, note) = super::cohort_results::cm_outputs(ctx, p, a, adj, &t, &fitted.estimates)
+            .await
+            .map_err(|e| analysis_err(a, e))?;
+        if let Some(note) = note {
+            progress.log(&format!("{tag}: {note}"));
+        }
+        cm_tables.extend(cm.into_iter().map(|(n, b)| (n, vec![b])));
+    }
+    let mut tables_out: Vec<(&str, Vec<RecordBatch>)> = vec![
         ("estimates", fitted.estimates),
         ("attrition", fitted.attrition),
         ("covariate_ref", fitted.covariate_ref),
         ("diagnostics", vec![diagnostics]),
         ("metadata", vec![metadata]),
     ];
+    tables_out.extend(cm_tables);
     let mut objects = BTreeMap::new();
     for (name, batches) in tables_out {
         let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
@@ -1018,6 +1050,19 @@ async fn build_report(
             attrition: read("attrition").await?,
             diagnostics: read("diagnostics").await?,
             warnings,
+            cohort: if m.objects.contains_key("cm_diagnostics_summary") {
+                Some(
+                    super::cohort_results::report_plots(
+                        read("cm_preference_score_dist").await?,
+                        read("cm_covariate_balance").await?,
+                        read("cm_kaplan_meier_dist").await?,
+                        read("cm_diagnostics_summary").await?,
+                    )
+                    .map_err(|e| analysis_err(a, e))?,
+                )
+            } else {
+                None
+            },
         });
     }
     let computed = run.analyses.iter().filter(|e| !e.skipped).count();

@@ -202,6 +202,9 @@ pub struct PipelineFile {
     pub omop: Option<Spanned<String>>,
     /// Output folder (relative to the pipeline file) or object-store URL.
     pub output: Option<Spanned<String>>,
+    /// The `database_id` of the OHDSI result tables (default: the store's
+    /// `cdm_source.cdm_source_name`, else the store's folder name).
+    pub database_id: Option<Spanned<String>>,
     /// Exposure and outcome definitions by name.
     #[serde(default)]
     pub concept_sets: BTreeMap<String, Spanned<ConceptSetSpec>>,
