@@ -14,6 +14,7 @@
 //! and in `pipelines/README.md`.
 
 pub mod lock;
+pub mod many;
 pub mod output;
 pub mod plan;
 pub mod progress;

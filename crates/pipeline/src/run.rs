@@ -210,7 +210,7 @@ fn run_id(t: SystemTime) -> String {
     format!("{s}-{}", std::process::id())
 }
 
-fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
+pub(crate) fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
     PipelineError::Analysis {
         analysis: a.id.clone(),
         message: e.to_string(),
@@ -582,6 +582,121 @@ async fn run_unit(
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
+    let staged = if a.exposures.is_empty() {
+        single_stage(ctx, p, a, tag, progress).await?
+    } else {
+        crate::many::outcome_stage(ctx, a, tag, progress).await?
+    };
+    let Staged {
+        fitted,
+        diagnostics,
+        status,
+        rows,
+        build_seconds,
+        fit_seconds,
+        extra,
+    } = staged;
+    let metadata = one_row(&[
+        ("analysis_id", utf8(&a.id)),
+        ("run_id", utf8(run)),
+        ("pipeline", utf8(&p.name)),
+        ("pipeline_file", utf8(&p.source.name)),
+        ("omop", utf8(&p.omop)),
+        ("design", utf8(a.design.kind().name())),
+        ("model", utf8(a.model.name())),
+        (
+            "roles",
+            utf8(&serde_json::to_string(&a.roles).unwrap_or_default()),
+        ),
+        ("fit_options", utf8(&a.fit_options.to_string())),
+        ("fingerprint", utf8(&a.fingerprint)),
+        (
+            "versions",
+            utf8(&serde_json::to_string(&versions()).unwrap_or_default()),
+        ),
+        ("started_at", utf8(&utc_string(started))),
+        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
+        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
+    ])
+    .map_err(|e| analysis_err(a, e))?;
+
+    progress.step(&format!("{tag}: writing results"));
+    let t2 = Instant::now();
+    let mut tables_out: Vec<(String, Vec<RecordBatch>)> = vec![
+        ("estimates".into(), fitted.estimates),
+        ("attrition".into(), fitted.attrition),
+        ("covariate_ref".into(), fitted.covariate_ref),
+        ("diagnostics".into(), diagnostics),
+        ("metadata".into(), vec![metadata]),
+    ];
+    tables_out.extend(extra);
+    let mut objects = BTreeMap::new();
+    for (name, batches) in tables_out {
+        let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
+        let rel = format!("analyses/{}/{run}/{name}.parquet", a.id);
+        objects.insert(name.to_string(), out.put(&rel, bytes).await?);
+    }
+    let mut roles: BTreeMap<String, String> = a
+        .roles
+        .iter()
+        .map(|(r, s)| (r.to_string(), s.clone()))
+        .collect();
+    if !a.exposures.is_empty() {
+        roles.insert("exposures".into(), a.exposures.join(","));
+    }
+    let manifest = AnalysisManifest {
+        format: "epifusion-analysis/1".into(),
+        status: "complete".into(),
+        analysis_id: a.id.clone(),
+        name: a.name.clone(),
+        design: a.design.kind().name().into(),
+        model: a.model.name().into(),
+        roles,
+        fingerprint: a.fingerprint.clone(),
+        run_id: run.to_string(),
+        completed_at: utc_string(SystemTime::now()),
+        objects,
+        summary: serde_json::json!({
+            "status": status.to_string(),
+            "outcome_rows": rows,
+            "build_seconds": build_seconds,
+            "fit_seconds": fit_seconds,
+            "write_seconds": t2.elapsed().as_secs_f64(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        }),
+    };
+    // The run-scoped manifest (what run manifests point to), then the unit's manifest (what the
+    // next run resumes from). Earlier results stay until a run manifest no longer needs them.
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| analysis_err(a, e))?;
+    let mref = out
+        .put(&run_manifest_path(&a.id, run), bytes.clone())
+        .await?;
+    out.put(&format!("analyses/{}/manifest.json", a.id), bytes)
+        .await?;
+    Ok((manifest, mref))
+}
+
+/// What building and fitting a unit gives, before it is written.
+pub(crate) struct Staged {
+    pub(crate) fitted: Fitted,
+    pub(crate) diagnostics: Vec<RecordBatch>,
+    pub(crate) status: ScalarValue,
+    pub(crate) rows: usize,
+    pub(crate) build_seconds: f64,
+    pub(crate) fit_seconds: f64,
+    /// More tables of the unit, by name (written beside the others).
+    pub(crate) extra: Vec<(String, Vec<RecordBatch>)>,
+}
+
+/// Build and fit a unit of one fit.
+async fn single_stage(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+    tag: &str,
+    progress: &Progress,
+) -> Result<Staged, PipelineError> {
+    let t0 = Instant::now();
     progress.step(&format!("{tag}: building the study tables"));
     if let Design::Sql(q) = &a.design {
         plan::run_setup(ctx, q, &p.source).await?;
@@ -622,87 +737,23 @@ async fn run_unit(
         ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
     ]);
     let diagnostics = one_row(&diag).map_err(|e| analysis_err(a, e))?;
-    let metadata = one_row(&[
-        ("analysis_id", utf8(&a.id)),
-        ("run_id", utf8(run)),
-        ("pipeline", utf8(&p.name)),
-        ("pipeline_file", utf8(&p.source.name)),
-        ("omop", utf8(&p.omop)),
-        ("design", utf8(a.design.kind().name())),
-        ("model", utf8(a.model.name())),
-        (
-            "roles",
-            utf8(&serde_json::to_string(&a.roles).unwrap_or_default()),
-        ),
-        ("fit_options", utf8(&a.fit_options.to_string())),
-        ("fingerprint", utf8(&a.fingerprint)),
-        (
-            "versions",
-            utf8(&serde_json::to_string(&versions()).unwrap_or_default()),
-        ),
-        ("started_at", utf8(&utc_string(started))),
-        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
-        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
-    ])
-    .map_err(|e| analysis_err(a, e))?;
-
-    progress.step(&format!("{tag}: writing results"));
-    let t2 = Instant::now();
-    let tables_out: [(&str, Vec<RecordBatch>); 5] = [
-        ("estimates", fitted.estimates),
-        ("attrition", fitted.attrition),
-        ("covariate_ref", fitted.covariate_ref),
-        ("diagnostics", vec![diagnostics]),
-        ("metadata", vec![metadata]),
-    ];
-    let mut objects = BTreeMap::new();
-    for (name, batches) in tables_out {
-        let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
-        let rel = format!("analyses/{}/{run}/{name}.parquet", a.id);
-        objects.insert(name.to_string(), out.put(&rel, bytes).await?);
-    }
-    let manifest = AnalysisManifest {
-        format: "epifusion-analysis/1".into(),
-        status: "complete".into(),
-        analysis_id: a.id.clone(),
-        name: a.name.clone(),
-        design: a.design.kind().name().into(),
-        model: a.model.name().into(),
-        roles: a
-            .roles
-            .iter()
-            .map(|(r, s)| (r.to_string(), s.clone()))
-            .collect(),
-        fingerprint: a.fingerprint.clone(),
-        run_id: run.to_string(),
-        completed_at: utc_string(SystemTime::now()),
-        objects,
-        summary: serde_json::json!({
-            "status": status.to_string(),
-            "outcome_rows": rows,
-            "build_seconds": build_seconds,
-            "fit_seconds": fit_seconds,
-            "write_seconds": t2.elapsed().as_secs_f64(),
-            "seconds": t0.elapsed().as_secs_f64(),
-        }),
-    };
-    // The run-scoped manifest (what run manifests point to), then the unit's manifest (what the
-    // next run resumes from). Earlier results stay until a run manifest no longer needs them.
-    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| analysis_err(a, e))?;
-    let mref = out
-        .put(&run_manifest_path(&a.id, run), bytes.clone())
-        .await?;
-    out.put(&format!("analyses/{}/manifest.json", a.id), bytes)
-        .await?;
-    Ok((manifest, mref))
+    Ok(Staged {
+        fitted,
+        diagnostics: vec![diagnostics],
+        status,
+        rows,
+        build_seconds,
+        fit_seconds,
+        extra: Vec::new(),
+    })
 }
 
-fn utf8(s: &str) -> ScalarValue {
+pub(crate) fn utf8(s: &str) -> ScalarValue {
     ScalarValue::Utf8(Some(s.to_string()))
 }
 
 /// A one-row batch from (column, value) pairs.
-fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
+pub(crate) fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
     let arrays: Vec<ArrayRef> = values
         .iter()
         .map(|(_, v)| v.to_array())
@@ -716,7 +767,7 @@ fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
 }
 
 /// `batches` with `columns` (one value each, repeated) put in front.
-fn prepend(
+pub(crate) fn prepend(
     batches: &[RecordBatch],
     columns: &[(&str, Option<String>)],
 ) -> DfResult<Vec<RecordBatch>> {
@@ -746,7 +797,7 @@ fn prepend(
 }
 
 /// Encode batches (of one schema) as a Parquet file.
-fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
+pub(crate) fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
     let first = batches
         .first()
         .ok_or_else(|| exec_datafusion_err!("nothing to write"))?;
@@ -758,17 +809,17 @@ fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
 }
 
 /// Decode a Parquet file.
-fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>> {
+pub(crate) fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
     Ok(reader.collect::<Result<Vec<_>, _>>()?)
 }
 
 /// What the fit step produces.
-struct Fitted {
-    estimates: Vec<RecordBatch>,
-    attrition: Vec<RecordBatch>,
-    covariate_ref: Vec<RecordBatch>,
-    sizes: Vec<(String, ScalarValue)>,
+pub(crate) struct Fitted {
+    pub(crate) estimates: Vec<RecordBatch>,
+    pub(crate) attrition: Vec<RecordBatch>,
+    pub(crate) covariate_ref: Vec<RecordBatch>,
+    pub(crate) sizes: Vec<(String, ScalarValue)>,
 }
 
 const OUTCOMES_TABLE: &str = "__epifusion_pipeline_outcomes";
@@ -788,7 +839,11 @@ fn mem_table(name: &str, batches: &[RecordBatch]) -> DfResult<Arc<MemTable>> {
 /// function ([`epifusion_sql::fit_table::fit_batches`]: every fit option, `cv` included, means
 /// what it means in SQL), plus the sizes for the diagnostics (queries over the registered
 /// tables).
-async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
+pub(crate) async fn fit(
+    ctx: &SessionContext,
+    a: &Analysis,
+    t: &StudyTables,
+) -> DfResult<Fitted> {
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     if rows == 0 {
         return Err(exec_datafusion_err!("the outcomes table has no rows"));
