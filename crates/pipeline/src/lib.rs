@@ -20,6 +20,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod sccs_results;
 pub mod spec;
 pub mod tables;
 

@@ -120,6 +120,9 @@ pub struct RunManifest {
     pub analyses: Vec<RunEntry>,
     /// The report.
     pub report: ObjectRef,
+    /// Run-level result tables (the SCCS results data model, [`crate::sccs_results`]), by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub results: BTreeMap<String, ObjectRef>,
 }
 
 /// What a dry run would do with one unit.
@@ -473,6 +476,23 @@ async fn run_locked(
         });
     }
 
+    // SCCS results across units (calibration needs every negative control's unit).
+    let mut sccs_units = Vec::new();
+    for (a, e) in p.analyses.iter().zip(&entries) {
+        if a.exposures.is_empty() {
+            continue;
+        }
+        if let Some(m) = out.get_json::<AnalysisManifest>(&e.manifest.path).await? {
+            sccs_units.push((a, m));
+        }
+    }
+    progress.step("writing the SCCS results tables");
+    let sccs = crate::sccs_results::write(ctx, p, out, &sccs_units, &run).await?;
+    for w in &sccs.warnings {
+        progress.log(&format!("warning: {w}"));
+        summary.warnings.push(w.clone());
+    }
+
     // The report, then the run manifest (last), then the convenience copy of the report.
     progress.step("writing the report");
     let finished = SystemTime::now();
@@ -495,8 +515,10 @@ async fn run_locked(
             size: 0,
             e_tag: None,
         },
+        results: sccs.objects,
     };
-    let report = build_report(p, out, &manifest).await?;
+    let mut report = build_report(p, out, &manifest).await?;
+    report.extra_sections = sccs.sections;
     for w in report.analyses.iter().flat_map(|a| &a.warnings) {
         progress.log(&format!("warning: {w}"));
         summary.warnings.push(w.clone());
