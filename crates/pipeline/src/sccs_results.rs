@@ -124,8 +124,11 @@ pub async fn database_id(ctx: &SessionContext, p: &Pipeline) -> String {
             .await
         {
             if let Ok(b) = df.collect().await {
-                if let Some(b) = b.first().filter(|b| b.num_rows() > 0) {
-                    let n = b.column(0).as_string::<i32>();
+                if let Some(n) = b
+                    .first()
+                    .filter(|b| b.num_rows() > 0)
+                    .and_then(|b| str_col(b, "n").ok())
+                {
                     if !n.is_null(0) && !n.value(0).trim().is_empty() {
                         return n.value(0).trim().to_string();
                     }
@@ -326,11 +329,6 @@ pub async fn write(
                 .map(|c| cast(c, &DataType::Int64))
                 .transpose()
                 .map_err(|e| err(e.into()))?;
-            let analysis = b
-                .column_by_name("analysis_id")
-                .and_then(|_| b.column_by_name("covariate_analysis_id"))
-                .cloned();
-            let _ = analysis;
             for i in 0..b.num_rows() {
                 let concept = concept
                     .as_ref()
@@ -656,9 +654,9 @@ pub async fn write(
             "{} · {ex} · covariate {c}",
             p.file.analyses[*ai].name.get_ref()
         );
-        let _ = write!(
+        let _ = writeln!(
             html,
-            "<figure class=\"calibration\" data-group=\"{}\">{}<figcaption>{}: {}</figcaption></figure>\n",
+            "<figure class=\"calibration\" data-group=\"{}\">{}<figcaption>{}: {}</figcaption></figure>",
             escape(&title),
             calibration_svg(&g.controls, &interest, g.null.as_ref().ok()),
             escape(&title),
