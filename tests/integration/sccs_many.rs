@@ -126,11 +126,9 @@ exposures = {exposures}
 outcomes = {outcomes}
 negative_controls = {negatives}
 [analysis.sccs]
-end_of_observation_probe = 30
 [[analysis.sccs.risk_windows]]
 start = 0
 end = 30
-split_points = [15]
 [analysis.fit]
 ci = "wald"
 "#,
@@ -192,7 +190,7 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
             &unit_object(&single_out, &format!("sccs.{outcome}"), "estimates"),
             q,
         );
-        assert!(got.lines().count() >= 3, "{got}");
+        assert!(got.lines().count() >= 2, "{got}");
         assert_eq!(got, want, "{outcome}");
     }
 
@@ -228,13 +226,13 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
     ] {
         assert!(header.split(',').any(|h| h == c), "{c} not in {header}");
     }
-    // Two sub-windows (1000, 1001) × 2 exposures × 7 outcomes.
+    // One risk window (1000) × 2 exposures × 7 outcomes.
     let n = parquet_csv(
         &result,
         "SELECT count(*) AS n, count(DISTINCT exposures_outcome_set_id) AS sets, \
          min(database_id) AS db FROM t",
     );
-    assert_eq!(n.lines().nth(1).unwrap(), "28,14,gibleed_test", "{n}");
+    assert_eq!(n.lines().nth(1).unwrap(), "14,14,gibleed_test", "{n}");
 
     // Calibration: the pipeline's calibrated values equal those of the SQL functions over the
     // same estimates (celecoxib's window 1000: its negative controls are sets 3, 5, …, 13).
@@ -246,7 +244,7 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
         ),
         "SELECT exposures_outcome_set_id FROM t WHERE exposure = 'celecoxib' AND true_effect_size = 1 ORDER BY 1",
     );
-    let nc: Vec<&str> = sets.lines().skip(1).collect();
+    let nc: Vec<&str> = sets.lines().skip(1).filter(|l| !l.is_empty()).collect();
     assert_eq!(nc.len(), 6, "{sets}");
     let nc = nc.join(", ");
     let ours = parquet_csv(
@@ -288,13 +286,17 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
         "SELECT count(*), count(mdrr), count(ease), min(ease_diagnostic) FROM t \
          WHERE exposures_outcome_set_id % 2 = 1",
     );
-    assert_eq!(diag.lines().nth(1).unwrap().split(',').take(3).collect::<Vec<_>>(), ["14", "14", "14"], "{diag}");
+    assert_eq!(
+        diag.lines().nth(1).unwrap().split(',').take(3).collect::<Vec<_>>(),
+        ["7", "7", "7"],
+        "{diag}"
+    );
     let att = parquet_csv(
         &out.join(m["results"]["sccs_attrition"]["path"].as_str().unwrap()),
         "SELECT count(DISTINCT exposures_outcome_set_id), min(sequence_number), \
          count(observed_days) FROM t",
     );
-    assert_eq!(att.lines().nth(1).unwrap(), "14,1,28", "{att}");
+    assert_eq!(att.lines().nth(1).unwrap(), "14,1,14", "{att}");
 
     // The report shows the calibration plots and the diagnostics table, in a real browser.
     chromium_sees_the_calibration(&out.join("report.html"));
@@ -362,10 +364,10 @@ document.getElementById('f').addEventListener('load', function () {
     assert!(v.get("error").is_none(), "{v}");
     let text = v["text"].as_str().unwrap();
     assert!(text.contains("SCCS empirical calibration") && text.contains("null mean"), "{text}");
-    // One plot per exposure and window (2 × 2); celecoxib's are calibrated (null region), and
+    // One plot per exposure (one window); celecoxib's is calibrated (null region), and
     // every negative control with an estimate is a dot inside its plot.
     let plots = v["plots"].as_array().unwrap();
-    assert_eq!(plots.len(), 4, "{v}");
+    assert_eq!(plots.len(), 2, "{v}");
     for p in plots {
         let dots = p["dots"].as_array().unwrap();
         assert!(dots.len() >= 4 && dots.iter().all(|d| d.as_bool().unwrap()), "{p}");
@@ -373,6 +375,6 @@ document.getElementById('f').addEventListener('load', function () {
         assert_eq!(p["region"].as_u64().unwrap() == 1, calibrated, "{p}");
         assert_eq!(p["interest"].as_u64().unwrap(), 1, "{p}");
     }
-    assert_eq!(v["diagnostics"].as_u64().unwrap(), 28, "{v}");
+    assert_eq!(v["diagnostics"].as_u64().unwrap(), 14, "{v}");
     let _ = std::fs::remove_file(&probe);
 }
