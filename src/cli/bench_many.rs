@@ -137,8 +137,8 @@ pub(crate) fn bench_many(
         let b = ctx
             .sql(
                 "SELECT count(*) AS n, \
-                 sum(CASE WHEN mr.log_rr IS NOT DISTINCT FROM sr.log_rr \
-                      AND mr.se_log_rr IS NOT DISTINCT FROM sr.se_log_rr THEN 1 ELSE 0 END) AS same \
+                 sum(CASE WHEN (mr.log_rr IS NOT DISTINCT FROM sr.log_rr) \
+                      AND (mr.se_log_rr IS NOT DISTINCT FROM sr.se_log_rr) THEN 1 ELSE 0 END) AS same \
                  FROM sr JOIN se ON sr.analysis_id = se.analysis_id \
                    AND sr.exposures_outcome_set_id = se.exposures_outcome_set_id \
                  JOIN me ON me.exposure = se.exposure AND me.outcome = se.outcome \

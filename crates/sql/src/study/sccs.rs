@@ -258,7 +258,7 @@ pub struct SccsExposure {
 }
 
 impl SccsExposure {
-    fn concept_set(&self) -> ConceptSet {
+    pub(super) fn concept_set(&self) -> ConceptSet {
         ConceptSet {
             concept_ids: self.concept_ids.clone(),
             include_descendants: self.include_descendants,

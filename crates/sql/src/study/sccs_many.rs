@@ -4,6 +4,10 @@
 //! exposure are cut from that shared case data exactly as [`build_sccs`] cuts them for a design
 //! with that exposure alone.
 //!
+//! The eras of every exposure but the first are read in one query (a `UNION ALL` of their
+//! concept sets, joined once to the kept cases), so a unit of N exposures runs 4 store queries,
+//! not 3 + N.
+//!
 //! For exposure `x` the result is the [`StudyTables`] of the design whose `exposures` is
 //! `[d.exposures[x]]` and whose other settings are `d`'s: the same cases (the study population
 //! does not depend on the exposures), the same outcome days, the eras of `x` only (renumbered
@@ -19,15 +23,18 @@
 //! [`build_sccs`]: super::build_sccs
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use datafusion::common::{exec_datafusion_err, Result as DfResult};
+use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::{exec_datafusion_err, exec_err, Result as DfResult};
 use datafusion::prelude::SessionContext;
 
 use super::sccs::{
-    attrition_batch, fixed_refs, interval_plan, intervals_to_batches, load_sccs, window_covariates,
-    CaseData, Era, SccsCases,
+    attrition_batch, fixed_refs, i64_column, interval_plan, intervals_to_batches, load_sccs,
+    window_covariates, CaseData, Era, SccsCases,
 };
-use super::{covariate_ref_batch, SccsDesign, StudyTables};
+use super::{covariate_ref_batch, query, Domain, SccsDesign, StudyTables, TempTable};
 
 /// The design `d` with only exposure `x` (and `restrict_time_to_exposure` pointing at it when
 /// set): the design of the single exposure–outcome pair.
@@ -53,12 +60,83 @@ pub async fn build_sccs_each_exposure(
         }
         return Ok(out);
     }
-    let cases = load_sccs(ctx, d).await?;
+    let cases = load_shared(ctx, d).await?;
     let mut out = Vec::with_capacity(d.exposures.len());
     for x in 0..d.exposures.len() {
         out.push(exposure_tables(d, &cases, x).await?);
     }
     Ok(out)
+}
+
+/// The study population, outcomes and the first exposure's eras through [`load_sccs`], then
+/// the other exposures' eras of the kept cases in **one** query (a `UNION ALL` of their
+/// concept sets joined once to the cases), read into the same case data as `load_sccs` would.
+async fn load_shared(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCases> {
+    let first = SccsDesign {
+        exposures: vec![d.exposures[0].clone()],
+        ..d.clone()
+    };
+    let mut cases = load_sccs(ctx, &first).await?;
+    if d.exposures.len() == 1 || cases.kept.is_empty() {
+        return Ok(cases);
+    }
+    let case_schema = Arc::new(Schema::new(vec![
+        Field::new("case_index", DataType::Int64, false),
+        Field::new("person_id", DataType::Int64, false),
+    ]));
+    let case_batch = RecordBatch::try_new(
+        case_schema.clone(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..cases.kept.len() as i64)),
+            Arc::new(Int64Array::from_iter_values(
+                cases.kept.iter().map(|c| c.person_id),
+            )),
+        ],
+    )?;
+    let temp = TempTable::register(ctx, "sccs_cases_many", case_schema, vec![case_batch])?;
+    let branches = d.exposures[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "SELECT CAST({x} AS BIGINT) AS exposure_index, person_id, concept_id, start_day, end_day \
+                 FROM ({sql}) AS r{x}",
+                x = i + 1,
+                sql = e.concept_set().sql(Domain::DrugEra)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let sql = format!(
+        "SELECT c.case_index, r.exposure_index, r.concept_id, r.start_day, r.end_day \
+         FROM {cases} c JOIN ({branches}) AS r ON r.person_id = c.person_id",
+        cases = temp.name
+    );
+    for b in query(ctx, &sql).await? {
+        let case = i64_column(&b, "case_index")?;
+        let exposure = i64_column(&b, "exposure_index")?;
+        let concept = i64_column(&b, "concept_id")?;
+        let (s, en) = (i64_column(&b, "start_day")?, i64_column(&b, "end_day")?);
+        for i in 0..b.num_rows() {
+            let (c, x) = (case.value(i) as usize, exposure.value(i) as usize);
+            if s.is_null(i) || concept.is_null(i) {
+                return exec_err!(
+                    "exposures[{x}]: person_id {} has an era with a NULL start date or concept id",
+                    cases.kept[c].person_id
+                );
+            }
+            let start = s.value(i);
+            let end = if en.is_null(i) { start } else { en.value(i) };
+            cases.data[c].eras.push(Era {
+                exposure: x,
+                concept_id: concept.value(i),
+                start,
+                end,
+            });
+        }
+    }
+    drop(temp);
+    Ok(cases)
 }
 
 /// The tables of exposure `x` from the shared case data.
