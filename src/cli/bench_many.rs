@@ -35,7 +35,10 @@ const SETTINGS: &str = "[analysis.sccs]\n[[analysis.sccs.risk_windows]]\nstart =
 fn list(names: impl Iterator<Item = String>) -> String {
     format!(
         "[{}]",
-        names.map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+        names
+            .map(|n| format!("\"{n}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 

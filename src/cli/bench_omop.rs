@@ -41,7 +41,11 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
     if !["sccs", "cohort", "both", "many"].contains(&a.design.as_str()) {
         bail!("--design: sccs, cohort, both or many (got {})", a.design);
     }
-    let extra = if a.design == "many" { a.many_outcomes } else { 0 };
+    let extra = if a.design == "many" {
+        a.many_outcomes
+    } else {
+        0
+    };
     let dir = a.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("epifusion-omop-{}-{}-{extra}", a.persons, a.seed))
     });

@@ -132,7 +132,7 @@ end = 30
 [analysis.fit]
 ci = "wald"
 "#,
-            store = format!("{}/data/gibleed", env!("CARGO_MANIFEST_DIR"))
+            store = concat!(env!("CARGO_MANIFEST_DIR"), "/data/gibleed")
         ),
     )
     .unwrap();
@@ -185,7 +185,10 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
     for outcome in ["gi_bleed", "whiplash"] {
         let q = "SELECT covariate_id, covariate_name, estimate, std_error, ci_lower, ci_upper, \
                  log_likelihood, iterations FROM t WHERE exposure = 'diclofenac' ORDER BY covariate_id";
-        let got = parquet_csv(&unit_object(&out, &format!("sccs.{outcome}"), "estimates"), q);
+        let got = parquet_csv(
+            &unit_object(&out, &format!("sccs.{outcome}"), "estimates"),
+            q,
+        );
         let want = parquet_csv(
             &unit_object(&single_out, &format!("sccs.{outcome}"), "estimates"),
             q,
@@ -271,7 +274,10 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
     };
     let (a, b) = (row(&ours), row(&theirs));
     for (x, y) in a.iter().zip(&b) {
-        assert!(x.is_finite() && (x - y).abs() <= 1e-12 * y.abs().max(1.0), "{ours} vs {theirs}");
+        assert!(
+            x.is_finite() && (x - y).abs() <= 1e-12 * y.abs().max(1.0),
+            "{ours} vs {theirs}"
+        );
     }
     // Diclofenac is not calibrated: NULL calibrated columns.
     let d = parquet_csv(
@@ -282,12 +288,21 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
 
     // Diagnostics summary and attrition.
     let diag = parquet_csv(
-        &out.join(m["results"]["sccs_diagnostics_summary"]["path"].as_str().unwrap()),
+        &out.join(
+            m["results"]["sccs_diagnostics_summary"]["path"]
+                .as_str()
+                .unwrap(),
+        ),
         "SELECT count(*), count(mdrr), count(ease), min(ease_diagnostic) FROM t \
          WHERE exposures_outcome_set_id % 2 = 1",
     );
     assert_eq!(
-        diag.lines().nth(1).unwrap().split(',').take(3).collect::<Vec<_>>(),
+        diag.lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .take(3)
+            .collect::<Vec<_>>(),
         ["7", "7", "7"],
         "{diag}"
     );
@@ -360,17 +375,24 @@ document.getElementById('f').addEventListener('load', function () {
         .replace("&gt;", ">")
         .replace("&quot;", "\"")
         .replace("&amp;", "&");
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     assert!(v.get("error").is_none(), "{v}");
     let text = v["text"].as_str().unwrap();
-    assert!(text.contains("SCCS empirical calibration") && text.contains("null mean"), "{text}");
+    assert!(
+        text.contains("SCCS empirical calibration") && text.contains("null mean"),
+        "{text}"
+    );
     // One plot per exposure (one window); celecoxib's is calibrated (null region), and
     // every negative control with an estimate is a dot inside its plot.
     let plots = v["plots"].as_array().unwrap();
     assert_eq!(plots.len(), 2, "{v}");
     for p in plots {
         let dots = p["dots"].as_array().unwrap();
-        assert!(dots.len() >= 4 && dots.iter().all(|d| d.as_bool().unwrap()), "{p}");
+        assert!(
+            dots.len() >= 4 && dots.iter().all(|d| d.as_bool().unwrap()),
+            "{p}"
+        );
         let calibrated = p["group"].as_str().unwrap().contains("celecoxib");
         assert_eq!(p["region"].as_u64().unwrap() == 1, calibrated, "{p}");
         assert_eq!(p["interest"].as_u64().unwrap(), 1, "{p}");

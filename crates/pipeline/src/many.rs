@@ -258,9 +258,8 @@ pub(crate) async fn outcome_stage(
             Err(err) => {
                 let status = utf8(&format!("error: {err}"));
                 failures.push(format!("{exposure}: {err}"));
-                diagnostics.push(
-                    diagnostics_row(a, &exposure, &[], status, &[], seconds).map_err(e)?,
-                );
+                diagnostics
+                    .push(diagnostics_row(a, &exposure, &[], status, &[], seconds).map_err(e)?);
                 attrition.extend(with_exposure(&t.attrition).map_err(e)?);
             }
         }
@@ -363,7 +362,10 @@ fn diagnostics_row(
         ("analysis_id", utf8(&a.id)),
         ("exposure", utf8(exposure)),
         ("outcome", utf8(a.role("outcome").unwrap_or_default())),
-        ("negative_control", ScalarValue::Boolean(Some(a.negative_control))),
+        (
+            "negative_control",
+            ScalarValue::Boolean(Some(a.negative_control)),
+        ),
         ("model", utf8(a.model.name())),
         ("outcome_rows", size("outcome_rows", &i64t)?),
         ("strata", size("strata", &i64t)?),
@@ -412,7 +414,10 @@ fn pair_stats(a: &Analysis, exposure: &str, t: &StudyTables) -> DfResult<RecordB
             stratum.as_primitive::<Int64Type>(),
             person.as_primitive::<Int64Type>(),
         );
-        let (time, y) = (time.as_primitive::<Float64Type>(), y.as_primitive::<Float64Type>());
+        let (time, y) = (
+            time.as_primitive::<Float64Type>(),
+            y.as_primitive::<Float64Type>(),
+        );
         for i in 0..b.num_rows() {
             rows.insert(
                 row.value(i),
@@ -452,7 +457,10 @@ fn pair_stats(a: &Analysis, exposure: &str, t: &StudyTables) -> DfResult<RecordB
             })?,
             &DataType::Int64,
         )?;
-        let (row, id) = (row.as_primitive::<Int64Type>(), id.as_primitive::<Int64Type>());
+        let (row, id) = (
+            row.as_primitive::<Int64Type>(),
+            id.as_primitive::<Int64Type>(),
+        );
         for i in 0..b.num_rows() {
             if id.value(i) < EXPOSURE_BASE {
                 continue;
@@ -479,8 +487,9 @@ fn pair_stats(a: &Analysis, exposure: &str, t: &StudyTables) -> DfResult<RecordB
         }
     }
     let n = covs.len();
-    let mut cols: (Vec<i64>, Vec<i64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) =
-        Default::default();
+    // (covariate ids, persons) and (days, outcomes, case days, case outcomes) per covariate.
+    type Counts = (Vec<i64>, Vec<i64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut cols: Counts = Default::default();
     for (id, c) in &covs {
         let (case_days, case_outcomes) = c.strata.iter().fold((0.0, 0.0), |acc, s| {
             let (d, y) = strata[s];
@@ -512,8 +521,9 @@ fn pair_stats(a: &Analysis, exposure: &str, t: &StudyTables) -> DfResult<RecordB
         Field::new("covariate_case_outcomes", DataType::Int64, false),
     ]);
     let f2i = |v: &[f64]| {
-        Arc::new(Int64Array::from_iter_values(v.iter().map(|x| x.round() as i64)))
-            as Arc<dyn Array>
+        Arc::new(Int64Array::from_iter_values(
+            v.iter().map(|x| x.round() as i64),
+        )) as Arc<dyn Array>
     };
     Ok(RecordBatch::try_new(
         Arc::new(schema),

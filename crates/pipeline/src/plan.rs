@@ -360,7 +360,14 @@ fn expand(
     let model = spec::model_of(a, src)?;
     let fit_options = spec::fit_options_json(a, model, src)?;
     if *a.design.get_ref() == DesignKind::Sccs {
-        return Ok(crate::many::expand_sccs(index, a, file, model, fit_options, omop));
+        return Ok(crate::many::expand_sccs(
+            index,
+            a,
+            file,
+            model,
+            fit_options,
+            omop,
+        ));
     }
     let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
     for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {

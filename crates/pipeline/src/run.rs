@@ -861,11 +861,7 @@ fn mem_table(name: &str, batches: &[RecordBatch]) -> DfResult<Arc<MemTable>> {
 /// function ([`epifusion_sql::fit_table::fit_batches`]: every fit option, `cv` included, means
 /// what it means in SQL), plus the sizes for the diagnostics (queries over the registered
 /// tables).
-pub(crate) async fn fit(
-    ctx: &SessionContext,
-    a: &Analysis,
-    t: &StudyTables,
-) -> DfResult<Fitted> {
+pub(crate) async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     if rows == 0 {
         return Err(exec_datafusion_err!("the outcomes table has no rows"));

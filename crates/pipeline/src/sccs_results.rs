@@ -163,7 +163,9 @@ fn i64_col(b: &RecordBatch, name: &str) -> DfResult<Int64Array> {
 }
 
 fn str_col(b: &RecordBatch, name: &str) -> DfResult<StringArray> {
-    Ok(cast(col(b, name)?, &DataType::Utf8)?.as_string::<i32>().clone())
+    Ok(cast(col(b, name)?, &DataType::Utf8)?
+        .as_string::<i32>()
+        .clone())
 }
 
 fn opt(a: &Float64Array, i: usize) -> Option<f64> {
@@ -197,10 +199,13 @@ pub async fn write(
             let Some(o) = o else {
                 return Ok::<_, PipelineError>(Vec::new());
             };
-            let bytes = out.get(&o.path).await?.ok_or_else(|| PipelineError::Output {
-                location: p.output.clone(),
-                message: format!("{} is missing", o.path),
-            })?;
+            let bytes = out
+                .get(&o.path)
+                .await?
+                .ok_or_else(|| PipelineError::Output {
+                    location: p.output.clone(),
+                    message: format!("{} is missing", o.path),
+                })?;
             parquet_batches(bytes).map_err(err)
         }
     };
@@ -340,7 +345,11 @@ pub async fn write(
                     id.value(i),
                     name.value(i).to_string(),
                     concept,
-                    if id.value(i) >= super::many::EXPOSURE_BASE { 1 } else { id.value(i) / 100 },
+                    if id.value(i) >= super::many::EXPOSURE_BASE {
+                        1
+                    } else {
+                        id.value(i) / 100
+                    },
                 ));
             }
         }
@@ -404,17 +413,20 @@ pub async fn write(
     let n = estimates.len();
     let f = |v: Vec<Option<f64>>| Arc::new(Float64Array::from(v)) as ArrayRef;
     let i = |v: Vec<Option<i64>>| Arc::new(Int64Array::from(v)) as ArrayRef;
-    let stat = |g: fn(&Stats) -> i64| {
-        i(estimates.iter().map(|e| e.stats.as_ref().map(g)).collect())
-    };
+    let stat =
+        |g: fn(&Stats) -> i64| i(estimates.iter().map(|e| e.stats.as_ref().map(g)).collect());
     let exp = |v: Option<f64>| v.map(f64::exp);
     let p_of = |e: &Estimate, side| match (e.log_rr, e.se_log_rr) {
         (Some(lr), Some(se)) => traditional_p(lr, se, side).ok(),
         _ => None,
     };
     let cal = |g: fn(&Calibrated) -> f64| f(calibrated.iter().map(|c| c.as_ref().map(g)).collect());
-    let cal_exp =
-        |g: fn(&Calibrated) -> f64| f(calibrated.iter().map(|c| c.as_ref().map(|c| g(c).exp())).collect());
+    let cal_exp = |g: fn(&Calibrated) -> f64| {
+        f(calibrated
+            .iter()
+            .map(|c| c.as_ref().map(|c| g(c).exp()))
+            .collect())
+    };
     let ids = |g: fn(&Estimate) -> i64| i(estimates.iter().map(|e| Some(g(e))).collect());
     let db_col = Arc::new(StringArray::from(vec![db.clone(); n])) as ArrayRef;
     let result = batch(vec![
@@ -422,10 +434,28 @@ pub async fn write(
         ("exposures_outcome_set_id", ids(|e| e.eos_id)),
         ("covariate_id", ids(|e| e.covariate_id)),
         ("rr", f(estimates.iter().map(|e| exp(e.log_rr)).collect())),
-        ("ci_95_lb", f(estimates.iter().map(|e| exp(e.log_lb)).collect())),
-        ("ci_95_ub", f(estimates.iter().map(|e| exp(e.log_ub)).collect())),
-        ("p", f(estimates.iter().map(|e| p_of(e, PValueSide::TwoSided)).collect())),
-        ("one_sided_p", f(estimates.iter().map(|e| p_of(e, PValueSide::Upper)).collect())),
+        (
+            "ci_95_lb",
+            f(estimates.iter().map(|e| exp(e.log_lb)).collect()),
+        ),
+        (
+            "ci_95_ub",
+            f(estimates.iter().map(|e| exp(e.log_ub)).collect()),
+        ),
+        (
+            "p",
+            f(estimates
+                .iter()
+                .map(|e| p_of(e, PValueSide::TwoSided))
+                .collect()),
+        ),
+        (
+            "one_sided_p",
+            f(estimates
+                .iter()
+                .map(|e| p_of(e, PValueSide::Upper))
+                .collect()),
+        ),
         ("outcome_subjects", stat(|s| s.outcome_subjects)),
         ("outcome_events", stat(|s| s.outcome_events)),
         ("outcome_observation_periods", stat(|s| s.outcome_periods)),
@@ -435,7 +465,10 @@ pub async fn write(
         ("covariate_outcomes", stat(|s| s.covariate_outcomes)),
         ("observed_days", stat(|s| s.observed_days)),
         ("log_rr", f(estimates.iter().map(|e| e.log_rr).collect())),
-        ("se_log_rr", f(estimates.iter().map(|e| e.se_log_rr).collect())),
+        (
+            "se_log_rr",
+            f(estimates.iter().map(|e| e.se_log_rr).collect()),
+        ),
         ("llr", f(vec![None; n])),
         ("calibrated_rr", cal_exp(|c| c.log_rr)),
         ("calibrated_ci_95_lb", cal_exp(|c| c.log_lb)),
@@ -458,7 +491,13 @@ pub async fn write(
     for e in &estimates {
         let m = e.stats.map(|s| {
             let r = s.covariate_days as f64 / s.case_days as f64;
-            mdrr(r, s.case_outcomes as f64, t.mdrr_alpha, t.mdrr_power, t.mdrr_two_sided)
+            mdrr(
+                r,
+                s.case_outcomes as f64,
+                t.mdrr_alpha,
+                t.mdrr_power,
+                t.mdrr_two_sided,
+            )
         });
         let ea = null_of(e).map(ease);
         let ms = m.map_or(epifusion_core::sccs_diagnostics::Status::NotComputed, |m| {
@@ -485,7 +524,11 @@ pub async fn write(
             format!(
                 "{}{}",
                 e.outcome,
-                if e.negative_control { " (negative control)" } else { "" }
+                if e.negative_control {
+                    " (negative control)"
+                } else {
+                    ""
+                }
             ),
             e.covariate_name
                 .clone()
@@ -519,7 +562,10 @@ pub async fn write(
         ("mdrr_diagnostic", s(md_s)),
         ("ease_diagnostic", s(ea_s)),
         ("time_trend_diagnostic", s(vec!["NOT EVALUATED".into(); n])),
-        ("pre_exposure_diagnostic", s(vec!["NOT EVALUATED".into(); n])),
+        (
+            "pre_exposure_diagnostic",
+            s(vec!["NOT EVALUATED".into(); n]),
+        ),
         ("unblind", i(unblind)),
         ("unblind_for_evidence_synthesis", i(unblind_es)),
     ])
@@ -549,20 +595,31 @@ pub async fn write(
             att.push(
                 batch(vec![
                     ("sequence_number", i((1..=steps as i64).map(Some).collect())),
-                    ("description", s((0..steps).map(|k| desc.value(k).to_string()).collect())),
+                    (
+                        "description",
+                        s((0..steps).map(|k| desc.value(k).to_string()).collect()),
+                    ),
                     ("analysis_id", i(vec![Some(*ai as i64 + 1); steps])),
                     ("exposures_outcome_set_id", i(vec![Some(*eos_id); steps])),
                     ("covariate_id", i(vec![Some(c); steps])),
                     ("database_id", s(vec![db.clone(); steps])),
-                    ("outcome_subjects", i((0..steps).map(|k| Some(persons.value(k))).collect())),
-                    ("outcome_events", i((0..steps).map(|k| Some(outcomes.value(k))).collect())),
+                    (
+                        "outcome_subjects",
+                        i((0..steps).map(|k| Some(persons.value(k))).collect()),
+                    ),
+                    (
+                        "outcome_events",
+                        i((0..steps).map(|k| Some(outcomes.value(k))).collect()),
+                    ),
                     (
                         "outcome_observation_periods",
                         i((0..steps).map(|k| Some(cases.value(k))).collect()),
                     ),
                     (
                         "observed_days",
-                        i((0..steps).map(|k| if k + 1 == steps { last } else { None }).collect()),
+                        i((0..steps)
+                            .map(|k| if k + 1 == steps { last } else { None })
+                            .collect()),
                     ),
                 ])
                 .map_err(err)?,
@@ -573,22 +630,46 @@ pub async fn write(
     // sccs_covariate and the exposures–outcome sets.
     let nc = covariates.len();
     let covariate = batch(vec![
-        ("analysis_id", i(covariates.iter().map(|c| Some(c.0 as i64 + 1)).collect())),
-        ("exposures_outcome_set_id", i(covariates.iter().map(|c| Some(c.1)).collect())),
-        ("covariate_id", i(covariates.iter().map(|c| Some(c.2)).collect())),
-        ("covariate_name", s(covariates.iter().map(|c| c.3.clone()).collect())),
+        (
+            "analysis_id",
+            i(covariates.iter().map(|c| Some(c.0 as i64 + 1)).collect()),
+        ),
+        (
+            "exposures_outcome_set_id",
+            i(covariates.iter().map(|c| Some(c.1)).collect()),
+        ),
+        (
+            "covariate_id",
+            i(covariates.iter().map(|c| Some(c.2)).collect()),
+        ),
+        (
+            "covariate_name",
+            s(covariates.iter().map(|c| c.3.clone()).collect()),
+        ),
         ("era_id", i(covariates.iter().map(|c| c.4).collect())),
-        ("covariate_analysis_id", i(covariates.iter().map(|c| Some(c.5)).collect())),
+        (
+            "covariate_analysis_id",
+            i(covariates.iter().map(|c| Some(c.5)).collect()),
+        ),
         ("database_id", s(vec![db.clone(); nc])),
     ])
     .map_err(err)?;
     let sets: Vec<_> = eos.iter().collect();
     let ns = sets.len();
     let exposures_outcome_set = batch(vec![
-        ("exposures_outcome_set_id", i(sets.iter().map(|(_, v)| Some(**v)).collect())),
+        (
+            "exposures_outcome_set_id",
+            i(sets.iter().map(|(_, v)| Some(**v)).collect()),
+        ),
         ("outcome_id", i(vec![None; ns])),
         ("nesting_cohort_id", i(vec![None; ns])),
-        ("analysis_id", i(sets.iter().map(|((a, _, _), _)| Some(*a as i64 + 1)).collect())),
+        (
+            "analysis_id",
+            i(sets
+                .iter()
+                .map(|((a, _, _), _)| Some(*a as i64 + 1))
+                .collect()),
+        ),
         (
             "analysis_name",
             s(sets
@@ -596,8 +677,14 @@ pub async fn write(
                 .map(|((a, _, _), _)| p.file.analyses[*a].name.get_ref().clone())
                 .collect()),
         ),
-        ("exposure", s(sets.iter().map(|((_, e, _), _)| e.clone()).collect())),
-        ("outcome", s(sets.iter().map(|((_, _, o), _)| o.clone()).collect())),
+        (
+            "exposure",
+            s(sets.iter().map(|((_, e, _), _)| e.clone()).collect()),
+        ),
+        (
+            "outcome",
+            s(sets.iter().map(|((_, _, o), _)| o.clone()).collect()),
+        ),
         (
             "true_effect_size",
             f(sets

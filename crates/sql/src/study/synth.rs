@@ -263,7 +263,8 @@ pub fn write_store_with(
         if extra_outcomes > 0 {
             // A second stream per person: the main stream (and so the rest of the store) is
             // unchanged by the extra outcomes.
-            let mut extra = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15 ^ (pid as u64).wrapping_mul(0x2545_f491));
+            let mut extra =
+                Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15 ^ (pid as u64).wrapping_mul(0x2545_f491));
             let in_drug = |day: i64| any_drug.iter().any(|&(a, b)| a <= day && day <= b);
             let drug_days = (start..=end).filter(|&d| in_drug(d)).count() as f64;
             let total = (end - start + 1) as f64;
@@ -280,7 +281,13 @@ pub fn write_store_with(
                         }
                     };
                     s.conditions += 1;
-                    condition.push(&[s.conditions as i64, pid, OUTCOME_CONCEPT + 1 + j as i64, day, day]);
+                    condition.push(&[
+                        s.conditions as i64,
+                        pid,
+                        OUTCOME_CONCEPT + 1 + j as i64,
+                        day,
+                        day,
+                    ]);
                 }
             }
         }
