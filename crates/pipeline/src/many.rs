@@ -548,3 +548,70 @@ fn pair_stats(a: &Analysis, exposure: &str, t: &StudyTables) -> DfResult<RecordB
         ],
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::spec::{check, parse, Source};
+
+    const SCCS: &str = r#"name = "t"
+[concept_sets.drug]
+concepts = [1]
+[concept_sets.event]
+concepts = [2]
+[concept_sets.nc]
+concepts = [3]
+
+[[analysis]]
+name = "a"
+design = "sccs"
+exposures = ["drug"]
+outcomes = ["event"]
+negative_controls = ["nc"]
+[analysis.sccs]
+"#;
+
+    fn err(text: &str) -> String {
+        let s = Source {
+            name: "p.toml".into(),
+            text: text.into(),
+        };
+        match parse(&s).and_then(|f| check(&f, &s)) {
+            Ok(()) => panic!("no error for:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn negative_controls_are_checked_at_their_line() {
+        let s = Source {
+            name: "p.toml".into(),
+            text: SCCS.into(),
+        };
+        check(&parse(&s).unwrap(), &s).unwrap();
+        let e = err(&SCCS.replace(
+            "negative_controls = [\"nc\"]",
+            "negative_controls = [\"ncc\"]",
+        ));
+        assert!(
+            e.contains("p.toml:14:") && e.contains("no concept set `ncc`"),
+            "{e}"
+        );
+        let e = err(&SCCS.replace(
+            "negative_controls = [\"nc\"]",
+            "negative_controls = [\"event\"]",
+        ));
+        assert!(
+            e.contains("p.toml:14:") && e.contains("also an outcome"),
+            "{e}"
+        );
+        let e = err(&SCCS.replace(
+            "negative_controls = [\"nc\"]",
+            "negative_controls = [\"nc\", \"nc\"]",
+        ));
+        assert!(e.contains("listed twice"), "{e}");
+        let e = err(&SCCS
+            .replace("design = \"sccs\"", "design = \"sql\"\nmodel = \"cox\"")
+            .replace("[analysis.sccs]", "[analysis.sql]\noutcomes = \"SELECT 1\""));
+        assert!(e.contains("negative_controls") && e.contains("SCCS"), "{e}");
+    }
+}
