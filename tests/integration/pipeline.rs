@@ -157,8 +157,7 @@ fn gibleed_dry_run_shows_the_plan_and_writes_nothing() {
     for id in [
         "new_user_cox.celecoxib.diclofenac.gi_bleed",
         "new_user_fine_gray.celecoxib.diclofenac.gi_bleed.competing_event",
-        "sccs.celecoxib.gi_bleed",
-        "sccs.diclofenac.gi_bleed",
+        "sccs.gi_bleed",
     ] {
         assert!(stdout.contains(id), "{id}: {stdout}");
     }
@@ -207,13 +206,14 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(4 computed, 0 skipped as complete)"),
+        stdout.contains("(3 computed, 0 skipped as complete)"),
         "{stdout}"
     );
     let m = manifest(&out);
     assert_eq!(m["status"], "complete");
     let analyses = m["analyses"].as_array().unwrap();
-    assert_eq!(analyses.len(), 4);
+    // Cox, Fine–Gray, and one SCCS unit for GI bleed with both exposures.
+    assert_eq!(analyses.len(), 3);
     let report = out.join(m["report"]["path"].as_str().unwrap());
     assert!(report.exists() && out.join("report.html").exists());
     for a in analyses {
@@ -264,7 +264,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(0 computed, 4 skipped as complete)"),
+        stdout.contains("(0 computed, 3 skipped as complete)"),
         "{stdout}"
     );
     let stdout = ok(&epifusion(
@@ -272,7 +272,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(4 computed, 0 skipped as complete)"),
+        stdout.contains("(3 computed, 0 skipped as complete)"),
         "{stdout}"
     );
     let cox_dir = out.join("analyses/new_user_cox.celecoxib.diclofenac.gi_bleed");
@@ -295,7 +295,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(1 computed, 3 skipped as complete)"),
+        stdout.contains("(1 computed, 2 skipped as complete)"),
         "{stdout}"
     );
     chromium_sees_the_report(&out.join("report.html"));
@@ -382,7 +382,7 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // The report in a real headless browser.
 
-fn chromium() -> Option<String> {
+pub(crate) fn chromium() -> Option<String> {
     for c in ["chromium", "chromium-browser", "google-chrome"] {
         if Command::new(c)
             .arg("--version")
@@ -440,6 +440,7 @@ document.getElementById('f').addEventListener('load', function () {
               value: g.querySelector('text.value').textContent};
     });
     out.attrition = Array.from(d.querySelectorAll('table.attrition')).map(function (t) { return t.rows.length; });
+    out.sccsDiagnostics = Array.from(d.querySelectorAll('table.sccs-diagnostics tbody tr')).map(function (r) { return r.innerText; });
   } catch (e) { out.error = String(e); }
   document.getElementById('probe').textContent = JSON.stringify(out);
 });
@@ -490,7 +491,7 @@ document.getElementById('f').addEventListener('load', function () {
     ] {
         assert!(seen.contains(expected), "`{expected}` not visible:\n{seen}");
     }
-    // Four units, one plotted coefficient each; every marker is drawn inside the plot, on the
+    // Four plotted coefficients (Cox, Fine–Gray, the SCCS unit's two exposures); every marker is drawn inside the plot, on the
     // correct side of the reference line at 1, inside its interval.
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4, "{v}");
@@ -515,8 +516,18 @@ document.getElementById('f').addEventListener('load', function () {
     }
     // One attrition table per unit, each with a header and at least one step.
     let attrition = v["attrition"].as_array().unwrap();
-    assert_eq!(attrition.len(), 4);
+    assert_eq!(attrition.len(), 3);
     assert!(attrition.iter().all(|n| n.as_u64().unwrap() >= 2), "{v}");
+    // The SCCS diagnostics table: one row per exposure of the GI-bleed unit, each with its MDRR
+    // classified; no negative controls, so EASE is not evaluated and nothing is calibrated.
+    let diag = v["sccsDiagnostics"].as_array().unwrap();
+    assert_eq!(diag.len(), 2, "{v}");
+    for r in diag {
+        let r = r.as_str().unwrap();
+        assert!(r.contains("PASS") || r.contains("FAIL"), "{r}");
+        assert!(r.contains("NOT EVALUATED"), "{r}");
+    }
+    assert!(seen.contains("SCCS empirical calibration") && seen.contains("SCCS diagnostics"));
     let _ = std::fs::remove_file(&probe);
 }
 
@@ -703,7 +714,7 @@ fn s3_output_survives_the_server_going_away_and_the_rerun_completes() {
 #[test]
 fn sccs_and_cohort_designs_run_from_the_example_files() {
     for (file, units, coefficient) in [
-        ("pipelines/sccs.toml", 2, 1000),
+        ("pipelines/sccs.toml", 1, 1000),
         ("pipelines/cohort.toml", 3, 1),
         ("pipelines/gibleed_sql.toml", 4, 0),
     ] {

@@ -16,11 +16,13 @@
 pub mod cohort_adjust;
 pub mod cohort_results;
 pub mod lock;
+pub mod many;
 pub mod output;
 pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod sccs_results;
 pub mod spec;
 pub mod tables;
 

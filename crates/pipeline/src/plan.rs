@@ -193,6 +193,11 @@ pub struct Analysis {
     pub span: Range<usize>,
     /// Position of its `[[analysis]]` table in the file (for locating keys).
     pub index: usize,
+    /// SCCS: every exposure of the analysis, fitted one by one against this unit's outcome
+    /// (one unit per outcome; see [`crate::many`]). Empty for every other unit.
+    pub exposures: Vec<String>,
+    /// SCCS: the unit's outcome is one of the analysis' `negative_controls`.
+    pub negative_control: bool,
 }
 
 impl Analysis {
@@ -354,6 +359,16 @@ fn expand(
 ) -> Result<Vec<Analysis>, PipelineError> {
     let model = spec::model_of(a, src)?;
     let fit_options = spec::fit_options_json(a, model, src)?;
+    if *a.design.get_ref() == DesignKind::Sccs {
+        return Ok(crate::many::expand_sccs(
+            index,
+            a,
+            file,
+            model,
+            fit_options,
+            omop,
+        ));
+    }
     let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
     for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {
         if list.is_empty() {
@@ -445,6 +460,8 @@ fn expand(
             fingerprint: String::new(),
             span: a.name.span(),
             index,
+            exposures: Vec::new(),
+            negative_control: false,
         };
         unit.fingerprint = fingerprint(&unit, omop);
         units.push(unit);
@@ -557,6 +574,13 @@ fn file_path_of(a: &Analysis, t: &toml::Table, json_path: &[PathSeg]) -> (Vec<Pa
 /// before they start, …); errors name the key and the line it is written on.
 pub fn check_design(src: &Source, a: &Analysis) -> Result<(), PipelineError> {
     use epifusion_sql::study::{CohortDesign, SccsDesign};
+    // A unit of many exposures: each exposure's design as its single-pair unit reads it.
+    for e in &a.exposures {
+        check_design(src, &crate::many::pair(a, e))?;
+    }
+    if !a.exposures.is_empty() {
+        return Ok(());
+    }
     let (t, json) = match &a.design {
         Design::Sql(_) => return Ok(()),
         Design::Sccs(t) => (t, super::tables::sccs_settings(a, t)),
@@ -667,6 +691,15 @@ pub fn fingerprint(a: &Analysis, omop: &str) -> String {
         "fit": a.fit_options,
         "report": a.report,
     });
+    // Units of many exposures (SCCS) also depend on the exposure list and the outcome's role.
+    let canonical = if a.exposures.is_empty() {
+        canonical
+    } else {
+        let mut c = canonical;
+        c["exposures"] = serde_json::json!(a.exposures);
+        c["negative_control"] = serde_json::json!(a.negative_control);
+        c
+    };
     format!("{:016x}", fnv1a(canonical.to_string().as_bytes()))
 }
 
@@ -731,7 +764,12 @@ pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), Pipel
     let used: std::collections::BTreeSet<&str> = p
         .analyses
         .iter()
-        .flat_map(|a| a.roles.iter().map(|(_, s)| s.as_str()))
+        .flat_map(|a| {
+            a.roles
+                .iter()
+                .map(|(_, s)| s.as_str())
+                .chain(a.exposures.iter().map(String::as_str))
+        })
         .collect();
     for (name, set) in &p.file.concept_sets {
         if !used.contains(name.as_str()) {

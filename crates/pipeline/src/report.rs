@@ -269,6 +269,9 @@ pub struct Report {
     pub forest: Vec<ForestRow>,
     /// Analyses, in order.
     pub analyses: Vec<ReportAnalysis>,
+    /// More sections (self-contained HTML, e.g. the SCCS calibration plots and diagnostics of
+    /// [`crate::sccs_results`]), shown after the estimates.
+    pub extra_sections: Vec<String>,
 }
 
 /// Escape text for HTML content and attribute values.
@@ -499,7 +502,11 @@ h2 {{ border-bottom: 1px solid #ccc; }}
             opt(f.upper)
         );
     }
-    s.push_str("</tbody></table>\n<h2 id=\"analyses\">Analyses</h2>\n");
+    s.push_str("</tbody></table>\n");
+    for section in &r.extra_sections {
+        s.push_str(section);
+    }
+    s.push_str("<h2 id=\"analyses\">Analyses</h2>\n");
     for a in &r.analyses {
         let _ = writeln!(
             s,
