@@ -19,9 +19,17 @@ pub(crate) struct BenchOmopArgs {
     /// Reuse a store already in `--dir`.
     #[arg(long)]
     pub(crate) reuse: bool,
-    /// Which builders: sccs, cohort or both.
+    /// Which builders: sccs, cohort or both; or `many`: every drug against an outcome and
+    /// `--many-outcomes` negative controls through the pipeline (one unit per outcome) against
+    /// a sample of the same pairs run one per unit.
     #[arg(long, default_value = "both")]
     pub(crate) design: String,
+    /// Extra outcomes (RR = 1, every 5th with systematic error) for `--design many`.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) many_outcomes: usize,
+    /// Pairs timed one by one for `--design many`.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) sample: usize,
     /// Also fit the SCCS intervals (unpenalized) and report drug 1's relative incidence.
     #[arg(long)]
     pub(crate) fit: bool,
@@ -30,17 +38,22 @@ pub(crate) struct BenchOmopArgs {
 pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
     use epifusion::engine::session::{new_session, SessionOptions};
     use epifusion::engine::study::{self, synth};
-    if !["sccs", "cohort", "both"].contains(&a.design.as_str()) {
-        bail!("--design: sccs, cohort or both (got {})", a.design);
+    if !["sccs", "cohort", "both", "many"].contains(&a.design.as_str()) {
+        bail!("--design: sccs, cohort, both or many (got {})", a.design);
     }
+    let extra = if a.design == "many" {
+        a.many_outcomes
+    } else {
+        0
+    };
     let dir = a.dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("epifusion-omop-{}-{}", a.persons, a.seed))
+        std::env::temp_dir().join(format!("epifusion-omop-{}-{}-{extra}", a.persons, a.seed))
     });
     let started = Instant::now();
     let mut out = serde_json::json!({ "persons": a.persons, "drugs": a.drugs, "seed": a.seed,
         "store": dir.display().to_string() });
     if !(a.reuse && dir.join("person.parquet").exists()) {
-        let s = synth::write_store(&dir, a.persons, a.drugs, a.seed)?;
+        let s = synth::write_store_with(&dir, a.persons, a.drugs, a.seed, extra)?;
         out["drug_eras"] = s.drug_eras.into();
         out["conditions"] = s.conditions.into();
         out["outcomes"] = s.outcomes.into();
@@ -52,6 +65,12 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
         .sum();
     out["store_bytes"] = store_bytes.into();
     out["rss_after_generate_bytes"] = epifusion::bench::peak_rss_bytes().into();
+    if a.design == "many" {
+        super::bench_many::bench_many(&dir, a.drugs, extra, a.sample, &mut out)?;
+        out["peak_rss_bytes"] = epifusion::bench::peak_rss_bytes().into();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
     let rt = runtime()?;
     rt.block_on(async {
         let ctx = new_session(&SessionOptions {

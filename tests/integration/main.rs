@@ -15,6 +15,7 @@ mod gpu_parity;
 mod oracle;
 mod pipeline;
 mod sccs_diagnostics;
+mod sccs_many;
 mod sccs_windows;
 mod selection;
 mod sql;

@@ -157,8 +157,7 @@ fn gibleed_dry_run_shows_the_plan_and_writes_nothing() {
     for id in [
         "new_user_cox.celecoxib.diclofenac.gi_bleed",
         "new_user_fine_gray.celecoxib.diclofenac.gi_bleed.competing_event",
-        "sccs.celecoxib.gi_bleed",
-        "sccs.diclofenac.gi_bleed",
+        "sccs.gi_bleed",
     ] {
         assert!(stdout.contains(id), "{id}: {stdout}");
     }
@@ -207,13 +206,14 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(4 computed, 0 skipped as complete)"),
+        stdout.contains("(3 computed, 0 skipped as complete)"),
         "{stdout}"
     );
     let m = manifest(&out);
     assert_eq!(m["status"], "complete");
     let analyses = m["analyses"].as_array().unwrap();
-    assert_eq!(analyses.len(), 4);
+    // Cox, Fine–Gray, and one SCCS unit for GI bleed with both exposures.
+    assert_eq!(analyses.len(), 3);
     let report = out.join(m["report"]["path"].as_str().unwrap());
     assert!(report.exists() && out.join("report.html").exists());
     for a in analyses {
@@ -264,7 +264,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(0 computed, 4 skipped as complete)"),
+        stdout.contains("(0 computed, 3 skipped as complete)"),
         "{stdout}"
     );
     let stdout = ok(&epifusion(
@@ -272,7 +272,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(4 computed, 0 skipped as complete)"),
+        stdout.contains("(3 computed, 0 skipped as complete)"),
         "{stdout}"
     );
     let cox_dir = out.join("analyses/new_user_cox.celecoxib.diclofenac.gi_bleed");
@@ -295,7 +295,7 @@ fn gibleed_pipeline_end_to_end_resume_force_and_repair() {
         &[],
     ));
     assert!(
-        stdout.contains("(1 computed, 3 skipped as complete)"),
+        stdout.contains("(1 computed, 2 skipped as complete)"),
         "{stdout}"
     );
     chromium_sees_the_report(&out.join("report.html"));
@@ -382,7 +382,7 @@ fn wait_for_line(lines: &mpsc::Receiver<String>, needle: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // The report in a real headless browser.
 
-fn chromium() -> Option<String> {
+pub(crate) fn chromium() -> Option<String> {
     for c in ["chromium", "chromium-browser", "google-chrome"] {
         if Command::new(c)
             .arg("--version")
@@ -440,6 +440,7 @@ document.getElementById('f').addEventListener('load', function () {
               value: g.querySelector('text.value').textContent};
     });
     out.attrition = Array.from(d.querySelectorAll('table.attrition')).map(function (t) { return t.rows.length; });
+    out.sccsDiagnostics = Array.from(d.querySelectorAll('table.sccs-diagnostics tbody tr')).map(function (r) { return r.innerText; });
   } catch (e) { out.error = String(e); }
   document.getElementById('probe').textContent = JSON.stringify(out);
 });
@@ -490,7 +491,7 @@ document.getElementById('f').addEventListener('load', function () {
     ] {
         assert!(seen.contains(expected), "`{expected}` not visible:\n{seen}");
     }
-    // Four units, one plotted coefficient each; every marker is drawn inside the plot, on the
+    // Four plotted coefficients (Cox, Fine–Gray, the SCCS unit's two exposures); every marker is drawn inside the plot, on the
     // correct side of the reference line at 1, inside its interval.
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4, "{v}");
@@ -515,8 +516,18 @@ document.getElementById('f').addEventListener('load', function () {
     }
     // One attrition table per unit, each with a header and at least one step.
     let attrition = v["attrition"].as_array().unwrap();
-    assert_eq!(attrition.len(), 4);
+    assert_eq!(attrition.len(), 3);
     assert!(attrition.iter().all(|n| n.as_u64().unwrap() >= 2), "{v}");
+    // The SCCS diagnostics table: one row per exposure of the GI-bleed unit, each with its MDRR
+    // classified; no negative controls, so EASE is not evaluated and nothing is calibrated.
+    let diag = v["sccsDiagnostics"].as_array().unwrap();
+    assert_eq!(diag.len(), 2, "{v}");
+    for r in diag {
+        let r = r.as_str().unwrap();
+        assert!(r.contains("PASS") || r.contains("FAIL"), "{r}");
+        assert!(r.contains("NOT EVALUATED"), "{r}");
+    }
+    assert!(seen.contains("SCCS empirical calibration") && seen.contains("SCCS diagnostics"));
     let _ = std::fs::remove_file(&probe);
 }
 
@@ -703,8 +714,8 @@ fn s3_output_survives_the_server_going_away_and_the_rerun_completes() {
 #[test]
 fn sccs_and_cohort_designs_run_from_the_example_files() {
     for (file, units, coefficient) in [
-        ("pipelines/sccs.toml", 2, 1000),
-        ("pipelines/cohort.toml", 2, 1),
+        ("pipelines/sccs.toml", 1, 1000),
+        ("pipelines/cohort.toml", 3, 1),
         ("pipelines/gibleed_sql.toml", 4, 0),
     ] {
         let dir = temp_dir(
@@ -754,6 +765,209 @@ fn sccs_and_cohort_designs_run_from_the_example_files() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// `pipelines/cohort.toml`'s PS-matched unit (issue #14): the CohortMethod result tables beside
+/// the estimates, attrition through matching, and the report's plots seen in a browser.
+#[test]
+fn ps_matched_cohort_unit_writes_the_cohortmethod_tables_and_plots() {
+    let dir = temp_dir("ps_matched");
+    let out = dir.join("results");
+    ok(&epifusion(
+        &[
+            "run",
+            "pipelines/cohort.toml",
+            "--output",
+            &out.display().to_string(),
+        ],
+        &[],
+    ));
+    let m = manifest(&out);
+    let entry = m["analyses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"].as_str().unwrap().starts_with("ps_matched_cox."))
+        .unwrap_or_else(|| panic!("{m}"))
+        .clone();
+    let am: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.join(entry["manifest"]["path"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    let table = |name: &str| {
+        out.join(
+            am["objects"][name]["path"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {name} in {am}")),
+        )
+    };
+    let row = |name: &str, sql: &str| -> Vec<String> {
+        let csv = parquet_value(&table(name), sql);
+        csv.lines()
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name}: {csv}"))
+            .split(',')
+            .map(str::to_string)
+            .collect()
+    };
+    let num = |s: &str| s.parse::<f64>().unwrap_or_else(|e| panic!("{s}: {e}"));
+    // cm_result: the treatment estimate of the stratified Cox model on 1:1 matched sets.
+    let r = row(
+        "cm_result",
+        "SELECT rr, ci_95_lb, ci_95_ub, p, log_rr, se_log_rr, llr, target_subjects, \
+         comparator_subjects, database_id, analysis_id FROM t",
+    );
+    let est = row("estimates", "SELECT estimate FROM t WHERE covariate_id = 1");
+    assert!(
+        (num(&r[4]) - num(&est[0])).abs() < 1e-12,
+        "{r:?} vs {est:?}"
+    );
+    assert!((num(&r[0]) - num(&r[4]).exp()).abs() < 1e-9, "{r:?}");
+    assert!(num(&r[1]) < num(&r[0]) && num(&r[0]) < num(&r[2]), "{r:?}");
+    assert!(
+        num(&r[3]) > 0.0 && num(&r[3]) <= 1.0 && num(&r[5]) > 0.0,
+        "{r:?}"
+    );
+    assert!(num(&r[6]) >= 0.0, "llr {r:?}");
+    assert_eq!(r[7], r[8], "1:1 matching: equal arms {r:?}");
+    assert!(!r[9].is_empty() && r[10] == "3", "{r:?}");
+    // The outcome model is stratified by matched set: one stratum per target subject.
+    let d = row("diagnostics", "SELECT strata, outcome_rows FROM t");
+    assert_eq!(num(&d[0]) * 2.0, num(&d[1]), "{d:?}");
+    // Balance: every baseline covariate, better after matching.
+    let b = row(
+        "cm_covariate_balance",
+        "SELECT count(*), max(abs(std_diff_before)), max(abs(std_diff_after)) FROM t",
+    );
+    assert!(num(&b[0]) > 50.0 && num(&b[2]) < num(&b[1]), "{b:?}");
+    let dg = row(
+        "cm_diagnostics_summary",
+        "SELECT max_sdm, balance_diagnostic, equipoise, equipoise_diagnostic, mdrr FROM t",
+    );
+    assert!((num(&dg[0]) - num(&b[2])).abs() < 1e-12, "{dg:?} vs {b:?}");
+    assert_eq!(
+        dg[1],
+        if num(&dg[0]) < 0.1 { "PASS" } else { "FAIL" },
+        "{dg:?}"
+    );
+    assert!(
+        num(&dg[2]) > 0.0 && num(&dg[2]) <= 1.0 && num(&dg[4]) > 1.0,
+        "{dg:?}"
+    );
+    // Attrition through matching, in the CohortMethod layout (two rows per step).
+    let a = row(
+        "cm_attrition",
+        "SELECT count(*), max(sequence_number), \
+         max(CASE WHEN description = 'Matched on propensity score' THEN sequence_number END) FROM t",
+    );
+    assert_eq!(num(&a[0]), 2.0 * num(&a[1]), "{a:?}");
+    assert_eq!(a[1], a[2], "matching is the last step {a:?}");
+    // The propensity model, the preference-score distribution, KM and the profile.
+    let pm = row(
+        "cm_propensity_model",
+        "SELECT count(*), min(covariate_id) FROM t",
+    );
+    assert!(num(&pm[0]) >= 1.0 && pm[1] == "0", "{pm:?}");
+    let pd = row(
+        "cm_preference_score_dist",
+        "SELECT count(*), max(target_density), max(comparator_density) FROM t",
+    );
+    assert_eq!(pd, ["100", "1.0", "1.0"], "{pd:?}");
+    let km = row(
+        "cm_kaplan_meier_dist",
+        "SELECT count(*), min(target_survival), max(time_day), \
+         min(CASE WHEN time_day = 0 THEN target_survival END) FROM t",
+    );
+    assert!(
+        num(&km[0]) > 10.0 && num(&km[1]) < 1.0 && num(&km[3]) == 1.0,
+        "{km:?}"
+    );
+    let lp = row(
+        "cm_likelihood_profile",
+        "SELECT count(*), max(log_likelihood), min(log_rr), max(log_rr) FROM t",
+    );
+    assert!(num(&lp[0]) >= 1000.0 && num(&lp[1]) == 0.0, "{lp:?}");
+    assert!((num(&lp[2]) - 0.1f64.ln()).abs() < 1e-9, "{lp:?}");
+    // The report draws the plots and the diagnostics table, as a browser renders them.
+    chromium_sees_cohort_plots(&out.join("report.html"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The PS-adjusted unit's plots in headless chromium: each SVG drawn with its marks.
+fn chromium_sees_cohort_plots(report: &Path) {
+    let Some(browser) = chromium() else { return };
+    let dir = report.parent().unwrap();
+    let probe = dir.join("probe_cohort.html");
+    std::fs::write(
+        &probe,
+        r#"<!DOCTYPE html><html><body><iframe id="f" src="report.html" width="1400" height="6000"></iframe>
+<pre id="probe">waiting</pre>
+<script>
+document.getElementById('f').addEventListener('load', function () {
+  var out = {};
+  try {
+    var d = this.contentDocument;
+    out.text = d.body.innerText;
+    ['ps-dist', 'balance', 'km'].forEach(function (c) {
+      var svg = d.querySelector('svg.' + c);
+      if (!svg) { out[c] = null; return; }
+      var sb = svg.getBoundingClientRect();
+      var marks = Array.from(svg.querySelectorAll('polyline, circle')).map(function (e) {
+        var r = e.getBoundingClientRect();
+        return r.width > 0 && r.x >= sb.x - 1 && r.right <= sb.right + 1 && r.y >= sb.y - 1 && r.bottom <= sb.bottom + 1;
+      });
+      out[c] = {w: sb.width, h: sb.height, marks: marks.length, inside: marks.every(function (m) { return m; })};
+    });
+    var t = d.querySelector('table.cm-diagnostics');
+    out.diagnostics = t ? t.rows.length : 0;
+  } catch (e) { out.error = String(e); }
+  document.getElementById('probe').textContent = JSON.stringify(out);
+});
+</script></body></html>"#,
+    )
+    .unwrap();
+    let o = Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--allow-file-access-from-files",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+        ])
+        .arg(format!("file://{}", probe.display()))
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&o.stdout);
+    let json = dom
+        .split("<pre id=\"probe\">")
+        .nth(1)
+        .and_then(|s| s.split("</pre>").next())
+        .unwrap_or_else(|| panic!("no probe output: {dom}"))
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&");
+    let v: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert!(v.get("error").is_none(), "{v}");
+    for (class, min_marks) in [("ps-dist", 2), ("balance", 50), ("km", 2)] {
+        let p = &v[class];
+        assert!(p.is_object(), "no svg.{class}: {v}");
+        assert!(p["w"].as_f64().unwrap() > 100.0, "{class}: {p}");
+        assert!(p["marks"].as_u64().unwrap() >= min_marks, "{class}: {p}");
+        assert!(p["inside"].as_bool().unwrap(), "{class}: {p}");
+    }
+    assert_eq!(v["diagnostics"], 2, "{v}");
+    let seen = v["text"].as_str().unwrap();
+    for expected in [
+        "CohortMethod diagnostics",
+        "balance_diagnostic",
+        "Matched on propensity score",
+    ] {
+        assert!(seen.contains(expected), "`{expected}` not visible:\n{seen}");
+    }
+    let _ = std::fs::remove_file(&probe);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,12 +13,16 @@
 //! The file format, output layout and the atomicity, resume and retry rules are in the README
 //! and in `pipelines/README.md`.
 
+pub mod cohort_adjust;
+pub mod cohort_results;
 pub mod lock;
+pub mod many;
 pub mod output;
 pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod sccs_results;
 pub mod spec;
 pub mod tables;
 

@@ -193,6 +193,11 @@ pub struct Analysis {
     pub span: Range<usize>,
     /// Position of its `[[analysis]]` table in the file (for locating keys).
     pub index: usize,
+    /// SCCS: every exposure of the analysis, fitted one by one against this unit's outcome
+    /// (one unit per outcome; see [`crate::many`]). Empty for every other unit.
+    pub exposures: Vec<String>,
+    /// SCCS: the unit's outcome is one of the analysis' `negative_controls`.
+    pub negative_control: bool,
 }
 
 impl Analysis {
@@ -354,6 +359,16 @@ fn expand(
 ) -> Result<Vec<Analysis>, PipelineError> {
     let model = spec::model_of(a, src)?;
     let fit_options = spec::fit_options_json(a, model, src)?;
+    if *a.design.get_ref() == DesignKind::Sccs {
+        return Ok(crate::many::expand_sccs(
+            index,
+            a,
+            file,
+            model,
+            fit_options,
+            omop,
+        ));
+    }
     let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
     for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {
         if list.is_empty() {
@@ -431,6 +446,7 @@ fn expand(
             .iter()
             .map(|(_, s)| (s.clone(), file.concept_sets[s].get_ref().clone()))
             .collect();
+        let fit_options = super::cohort_adjust::outcome_fit_options(&design, fit_options.clone());
         let mut unit = Analysis {
             id,
             name: name.clone(),
@@ -439,11 +455,13 @@ fn expand(
             model,
             roles,
             concept_sets,
-            fit_options: fit_options.clone(),
+            fit_options,
             report: a.report.clone(),
             fingerprint: String::new(),
             span: a.name.span(),
             index,
+            exposures: Vec::new(),
+            negative_control: false,
         };
         unit.fingerprint = fingerprint(&unit, omop);
         units.push(unit);
@@ -556,6 +574,13 @@ fn file_path_of(a: &Analysis, t: &toml::Table, json_path: &[PathSeg]) -> (Vec<Pa
 /// before they start, …); errors name the key and the line it is written on.
 pub fn check_design(src: &Source, a: &Analysis) -> Result<(), PipelineError> {
     use epifusion_sql::study::{CohortDesign, SccsDesign};
+    // A unit of many exposures: each exposure's design as its single-pair unit reads it.
+    for e in &a.exposures {
+        check_design(src, &crate::many::pair(a, e))?;
+    }
+    if !a.exposures.is_empty() {
+        return Ok(());
+    }
     let (t, json) = match &a.design {
         Design::Sql(_) => return Ok(()),
         Design::Sccs(t) => (t, super::tables::sccs_settings(a, t)),
@@ -563,6 +588,22 @@ pub fn check_design(src: &Source, a: &Analysis) -> Result<(), PipelineError> {
     };
     let table = a.design.kind().name();
     let key = |label: &str| format!("analysis `{}`: {label}", a.name);
+    if let Design::Cohort(t) = &a.design {
+        // `[analysis.cohort.ps]` and `[analysis.cohort.adjustment]` (cohort_adjust.rs).
+        if let Err((rest, message)) = super::cohort_adjust::settings(t) {
+            let mut path = vec![
+                PathSeg::key("analysis"),
+                PathSeg::Index(a.index),
+                PathSeg::key(table),
+            ];
+            path.extend(rest.iter().map(|k| PathSeg::key(k)));
+            let span = src
+                .locate(&path)
+                .or_else(|| src.locate(&path[..3]))
+                .unwrap_or(a.span.clone());
+            return Err(src.error(span, key(&format!("cohort.{}", rest.join("."))), message));
+        }
+    }
     let table_span = || {
         let path = [
             PathSeg::key("analysis"),
@@ -650,6 +691,15 @@ pub fn fingerprint(a: &Analysis, omop: &str) -> String {
         "fit": a.fit_options,
         "report": a.report,
     });
+    // Units of many exposures (SCCS) also depend on the exposure list and the outcome's role.
+    let canonical = if a.exposures.is_empty() {
+        canonical
+    } else {
+        let mut c = canonical;
+        c["exposures"] = serde_json::json!(a.exposures);
+        c["negative_control"] = serde_json::json!(a.negative_control);
+        c
+    };
     format!("{:016x}", fnv1a(canonical.to_string().as_bytes()))
 }
 
@@ -714,7 +764,12 @@ pub async fn check_store(ctx: &SessionContext, p: &Pipeline) -> Result<(), Pipel
     let used: std::collections::BTreeSet<&str> = p
         .analyses
         .iter()
-        .flat_map(|a| a.roles.iter().map(|(_, s)| s.as_str()))
+        .flat_map(|a| {
+            a.roles
+                .iter()
+                .map(|(_, s)| s.as_str())
+                .chain(a.exposures.iter().map(String::as_str))
+        })
         .collect();
     for (name, set) in &p.file.concept_sets {
         if !used.contains(name.as_str()) {
@@ -973,6 +1028,91 @@ end = 30
             Ok(_) => panic!("no error for {to}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn ps_and_adjustment_settings_are_checked_at_the_line_of_their_key() {
+        let with = |adj: &str| {
+            DESIGNS.replacen(
+                "[analysis.cohort.covariates]\ngender = false\n",
+                &format!("[analysis.cohort.covariates]\ngender = false\n{adj}"),
+                1,
+            )
+        };
+        // Lines 24 on hold the tables added after `gender = false` (line 23).
+        let ok = with("[analysis.cohort.ps]\n[analysis.cohort.adjustment]\nmethod = \"match\"\ncaliper = 0.1\n");
+        let p = load_text("adj_ok", &ok).unwrap();
+        // The outcome model of IPTW takes robust standard errors by default.
+        let w = load_text(
+            "adj_w",
+            &with("[analysis.cohort.adjustment]\nmethod = \"weight\"\nestimator = \"overlap\"\n"),
+        )
+        .unwrap();
+        assert_eq!(w.analyses[0].fit_options["se"], "robust");
+        assert!(p.analyses[0].fit_options.get("se").is_none());
+        let err = |tag: &str, adj: &str| match load_text(tag, &with(adj)) {
+            Ok(_) => panic!("no error for {adj}"),
+            Err(e) => e,
+        };
+        let e = err(
+            "ps_key",
+            "[analysis.cohort.ps]\ncv_folds = 10\ncv_repetitons = 1\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("cohort.ps.cv_repetitons"),
+            "{e}"
+        );
+        let e = err("ps_val", "[analysis.cohort.ps]\ntolerance = -1\n");
+        assert!(
+            e.contains("p.toml:25:") && e.contains("cohort.ps.tolerance"),
+            "{e}"
+        );
+        let e = err(
+            "method",
+            "[analysis.cohort.adjustment]\nmethod = \"macth\"\n",
+        );
+        assert!(e.contains("p.toml:25:") && e.contains("macth"), "{e}");
+        let e = err("no_method", "[analysis.cohort.adjustment]\ncaliper = 0.2\n");
+        assert!(
+            e.contains("p.toml:24:") && e.contains("missing `method`"),
+            "{e}"
+        );
+        let e = err(
+            "other_method",
+            "[analysis.cohort.adjustment]\nmethod = \"stratify\"\ncaliper = 0.2\n",
+        );
+        assert!(
+            e.contains("p.toml:26:")
+                && e.contains("cohort.adjustment.caliper")
+                && e.contains("method = \"match\""),
+            "{e}"
+        );
+        let e = err(
+            "caliper",
+            "[analysis.cohort.adjustment]\nmethod = \"match\"\ncaliper = -1\n",
+        );
+        assert!(e.contains("p.toml:26:") && e.contains("caliper"), "{e}");
+        let e = err(
+            "strata",
+            "[analysis.cohort.adjustment]\nmethod = \"stratify\"\nnumber_of_strata = 0\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("number_of_strata"),
+            "{e}"
+        );
+        let e = err(
+            "trim",
+            "[analysis.cohort.adjustment]\nmethod = \"none\"\ntrim_fraction = 2\n",
+        );
+        assert!(
+            e.contains("p.toml:26:") && e.contains("trim_fraction"),
+            "{e}"
+        );
+        let e = err(
+            "est",
+            "[analysis.cohort.adjustment]\nmethod = \"weight\"\nestimator = \"atx\"\n",
+        );
+        assert!(e.contains("p.toml:26:") && e.contains("estimator"), "{e}");
     }
 
     #[test]

@@ -43,6 +43,217 @@ pub struct ReportAnalysis {
     pub diagnostics: Vec<RecordBatch>,
     /// Problems found with the results (e.g. a `report` id without a coefficient).
     pub warnings: Vec<String>,
+    /// PS-adjusted cohort units: the CohortMethod plots and diagnostics.
+    pub cohort: Option<CohortPlots>,
+}
+
+/// What the report draws of a PS-adjusted cohort unit (from its `cm_*` tables).
+#[derive(Debug, Clone, Default)]
+pub struct CohortPlots {
+    /// Preference score, target density, comparator density (`cm_preference_score_dist`).
+    pub preference: Vec<(f64, f64, f64)>,
+    /// |SDM| before and after adjustment per covariate (`cm_covariate_balance`).
+    pub balance: Vec<(f64, f64)>,
+    /// Day, target survival, comparator survival (`cm_kaplan_meier_dist`).
+    pub km: Vec<(f64, f64, f64)>,
+    /// `cm_diagnostics_summary`.
+    pub diagnostics: Vec<RecordBatch>,
+}
+
+/// Axis ranges and the plot area of a small chart.
+struct Chart {
+    class: &'static str,
+    x: (f64, f64),
+    y: (f64, f64),
+    x_label: String,
+    y_label: String,
+}
+
+const CHART_W: f64 = 420.0;
+const CHART_H: f64 = 260.0;
+const MARGIN: f64 = 45.0;
+
+impl Chart {
+    fn px(&self, x: f64) -> f64 {
+        let span = (self.x.1 - self.x.0).max(f64::MIN_POSITIVE);
+        MARGIN + (x - self.x.0) / span * (CHART_W - 2.0 * MARGIN)
+    }
+    fn py(&self, y: f64) -> f64 {
+        let span = (self.y.1 - self.y.0).max(f64::MIN_POSITIVE);
+        CHART_H - MARGIN - (y - self.y.0) / span * (CHART_H - 2.0 * MARGIN)
+    }
+    /// The frame, axis labels and end ticks.
+    fn open(&self, title: &str) -> String {
+        let (l, r, t, b) = (MARGIN, CHART_W - MARGIN, MARGIN, CHART_H - MARGIN);
+        format!(
+            "<svg class=\"{c}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{CHART_W}\" height=\"{CHART_H}\" \
+             viewBox=\"0 0 {CHART_W} {CHART_H}\" font-family=\"sans-serif\" font-size=\"11\">\
+             <title>{title}</title>\
+             <rect class=\"plot-area\" x=\"{l}\" y=\"{t}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"#999\"/>\
+             <text x=\"{cx}\" y=\"{ty}\" text-anchor=\"middle\" font-size=\"12\">{title}</text>\
+             <text x=\"{cx}\" y=\"{xl}\" text-anchor=\"middle\">{xlab}</text>\
+             <text x=\"12\" y=\"{cy}\" text-anchor=\"middle\" transform=\"rotate(-90 12 {cy})\">{ylab}</text>\
+             <text x=\"{l}\" y=\"{tick}\" text-anchor=\"middle\">{x0}</text>\
+             <text x=\"{r}\" y=\"{tick}\" text-anchor=\"middle\">{x1}</text>\
+             <text x=\"{yl}\" y=\"{b}\" text-anchor=\"end\">{y0}</text>\
+             <text x=\"{yl}\" y=\"{t4}\" text-anchor=\"end\">{y1}</text>",
+            c = self.class,
+            title = escape(title),
+            w = r - l,
+            h = b - t,
+            cx = CHART_W / 2.0,
+            ty = t - 12.0,
+            xl = CHART_H - 8.0,
+            cy = CHART_H / 2.0,
+            xlab = escape(&self.x_label),
+            ylab = escape(&self.y_label),
+            tick = b + 14.0,
+            x0 = fmt_axis(self.x.0),
+            x1 = fmt_axis(self.x.1),
+            yl = l - 4.0,
+            y0 = fmt_axis(self.y.0),
+            y1 = fmt_axis(self.y.1),
+            t4 = t + 4.0,
+        )
+    }
+    /// A polyline (step = draw as a step function).
+    fn line(&self, class: &str, colour: &str, pts: &[(f64, f64)], step: bool) -> String {
+        let mut d = String::new();
+        let mut prev: Option<(f64, f64)> = None;
+        for &(x, y) in pts.iter().filter(|p| p.0.is_finite() && p.1.is_finite()) {
+            let (x, y) = (self.px(x), self.py(y));
+            if let (true, Some((_, py))) = (step, prev) {
+                let _ = write!(d, "{x:.1},{py:.1} ");
+            }
+            let _ = write!(d, "{x:.1},{y:.1} ");
+            prev = Some((x, y));
+        }
+        format!(
+            "<polyline class=\"{class}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            d.trim_end()
+        )
+    }
+    /// A legend entry (row `k`).
+    fn legend(&self, k: usize, colour: &str, text: &str) -> String {
+        let (x, y) = (CHART_W - MARGIN - 110.0, MARGIN + 14.0 + 14.0 * k as f64);
+        format!(
+            "<rect x=\"{x}\" y=\"{y0}\" width=\"10\" height=\"10\" fill=\"{colour}\"/>\
+             <text class=\"legend\" x=\"{tx}\" y=\"{ty}\">{}</text>",
+            escape(text),
+            y0 = y - 9.0,
+            tx = x + 14.0,
+            ty = y,
+        )
+    }
+}
+
+fn fmt_axis(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+const TARGET_COLOUR: &str = "#1f5fa8";
+const COMPARATOR_COLOUR: &str = "#c0392b";
+
+/// Preference-score distribution of both arms.
+pub fn preference_svg(pts: &[(f64, f64, f64)]) -> String {
+    let c = Chart {
+        class: "ps-dist",
+        x: (0.0, 1.0),
+        y: (0.0, 1.0),
+        x_label: "preference score".into(),
+        y_label: "density (scaled)".into(),
+    };
+    let mut s = c.open("Preference score distribution");
+    let t: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+    let k: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.2)).collect();
+    s.push_str(&c.line("target", TARGET_COLOUR, &t, false));
+    s.push_str(&c.line("comparator", COMPARATOR_COLOUR, &k, false));
+    s.push_str(&c.legend(0, TARGET_COLOUR, "target"));
+    s.push_str(&c.legend(1, COMPARATOR_COLOUR, "comparator"));
+    s.push_str("</svg>");
+    s
+}
+
+/// Balance scatter plot: |SDM| before (x) vs after (y) adjustment, with the 0.1 threshold.
+pub fn balance_svg(pts: &[(f64, f64)]) -> String {
+    let max = pts
+        .iter()
+        .flat_map(|p| [p.0, p.1])
+        .filter(|v| v.is_finite())
+        .fold(0.1f64, f64::max)
+        * 1.05;
+    let c = Chart {
+        class: "balance",
+        x: (0.0, max),
+        y: (0.0, max),
+        x_label: "|SDM| before adjustment".into(),
+        y_label: "|SDM| after adjustment".into(),
+    };
+    let mut s = c.open("Covariate balance");
+    let _ = write!(
+        s,
+        "<line class=\"threshold\" x1=\"{}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#888\" stroke-dasharray=\"4 3\"/>",
+        c.px(0.0),
+        c.px(max),
+        y = c.py(0.1)
+    );
+    for &(b, a) in pts.iter().filter(|p| p.0.is_finite() && p.1.is_finite()) {
+        let _ = write!(
+            s,
+            "<circle class=\"covariate\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{TARGET_COLOUR}\" fill-opacity=\"0.5\"/>",
+            c.px(b),
+            c.py(a)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Kaplan–Meier curves of both arms.
+pub fn km_svg(pts: &[(f64, f64, f64)]) -> String {
+    let t_max = pts.iter().map(|p| p.0).fold(1.0f64, f64::max);
+    let s_min = pts
+        .iter()
+        .flat_map(|p| [p.1, p.2])
+        .filter(|v| v.is_finite())
+        .fold(1.0f64, f64::min);
+    let lo = ((s_min - 0.02).max(0.0) * 20.0).floor() / 20.0;
+    let c = Chart {
+        class: "km",
+        x: (0.0, t_max),
+        y: (lo, 1.0),
+        x_label: "days since cohort start".into(),
+        y_label: "survival".into(),
+    };
+    let mut s = c.open("Kaplan–Meier");
+    let t: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+    let k: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.2)).collect();
+    s.push_str(&c.line("target", TARGET_COLOUR, &t, true));
+    s.push_str(&c.line("comparator", COMPARATOR_COLOUR, &k, true));
+    s.push_str(&c.legend(0, TARGET_COLOUR, "target"));
+    s.push_str(&c.legend(1, COMPARATOR_COLOUR, "comparator"));
+    s.push_str("</svg>");
+    s
+}
+
+fn cohort_section(c: &CohortPlots) -> String {
+    let mut s = String::from(
+        "<h4>Propensity scores, balance and Kaplan–Meier</h4><div class=\"cohort-plots\">",
+    );
+    s.push_str(&preference_svg(&c.preference));
+    s.push_str(&balance_svg(&c.balance));
+    if c.km.is_empty() {
+        s.push_str("<p class=\"empty\">(no Kaplan–Meier curves)</p>");
+    } else {
+        s.push_str(&km_svg(&c.km));
+    }
+    s.push_str("</div><h4>CohortMethod diagnostics</h4>");
+    s.push_str(&batches_table("cm-diagnostics", &c.diagnostics));
+    s
 }
 
 /// Everything on the page.
@@ -58,6 +269,9 @@ pub struct Report {
     pub forest: Vec<ForestRow>,
     /// Analyses, in order.
     pub analyses: Vec<ReportAnalysis>,
+    /// More sections (self-contained HTML, e.g. the SCCS calibration plots and diagnostics of
+    /// [`crate::sccs_results`]), shown after the estimates.
+    pub extra_sections: Vec<String>,
 }
 
 /// Escape text for HTML content and attribute values.
@@ -288,7 +502,11 @@ h2 {{ border-bottom: 1px solid #ccc; }}
             opt(f.upper)
         );
     }
-    s.push_str("</tbody></table>\n<h2 id=\"analyses\">Analyses</h2>\n");
+    s.push_str("</tbody></table>\n");
+    for section in &r.extra_sections {
+        s.push_str(section);
+    }
+    s.push_str("<h2 id=\"analyses\">Analyses</h2>\n");
     for a in &r.analyses {
         let _ = writeln!(
             s,
@@ -323,6 +541,9 @@ h2 {{ border-bottom: 1px solid #ccc; }}
         s.push_str(&batches_table("attrition", &a.attrition));
         s.push_str("<h4>Diagnostics</h4>");
         s.push_str(&batches_table("diagnostics", &a.diagnostics));
+        if let Some(c) = &a.cohort {
+            s.push_str(&cohort_section(c));
+        }
         s.push_str("</section>\n");
     }
     s.push_str("<h2 id=\"metadata\">Run metadata</h2>\n<table class=\"meta\"><tbody>");

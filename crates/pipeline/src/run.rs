@@ -120,6 +120,9 @@ pub struct RunManifest {
     pub analyses: Vec<RunEntry>,
     /// The report.
     pub report: ObjectRef,
+    /// Run-level result tables (the SCCS results data model, [`crate::sccs_results`]), by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub results: BTreeMap<String, ObjectRef>,
 }
 
 /// What a dry run would do with one unit.
@@ -210,7 +213,7 @@ fn run_id(t: SystemTime) -> String {
     format!("{s}-{}", std::process::id())
 }
 
-fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
+pub(crate) fn analysis_err(a: &Analysis, e: impl std::fmt::Display) -> PipelineError {
     PipelineError::Analysis {
         analysis: a.id.clone(),
         message: e.to_string(),
@@ -406,6 +409,7 @@ async fn run_locked(
     };
     let mut entries = Vec::new();
     let mut failures = Vec::new();
+    let ps_cache = super::cohort_adjust::PsCache::new();
     let pause = std::env::var("EPIFUSION_TEST_PAUSE_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok());
@@ -428,7 +432,7 @@ async fn run_locked(
             progress.advance();
             continue;
         }
-        match run_unit(ctx, p, a, out, &run, &tag, progress).await {
+        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache).await {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -473,6 +477,23 @@ async fn run_locked(
         });
     }
 
+    // SCCS results across units (calibration needs every negative control's unit).
+    let mut sccs_units = Vec::new();
+    for (a, e) in p.analyses.iter().zip(&entries) {
+        if a.exposures.is_empty() {
+            continue;
+        }
+        if let Some(m) = out.get_json::<AnalysisManifest>(&e.manifest.path).await? {
+            sccs_units.push((a, m));
+        }
+    }
+    progress.step("writing the SCCS results tables");
+    let sccs = crate::sccs_results::write(ctx, p, out, &sccs_units, &run).await?;
+    for w in &sccs.warnings {
+        progress.log(&format!("warning: {w}"));
+        summary.warnings.push(w.clone());
+    }
+
     // The report, then the run manifest (last), then the convenience copy of the report.
     progress.step("writing the report");
     let finished = SystemTime::now();
@@ -495,8 +516,10 @@ async fn run_locked(
             size: 0,
             e_tag: None,
         },
+        results: sccs.objects,
     };
-    let report = build_report(p, out, &manifest).await?;
+    let mut report = build_report(p, out, &manifest).await?;
+    report.extra_sections = sccs.sections;
     for w in report.analyses.iter().flat_map(|a| &a.warnings) {
         progress.log(&format!("warning: {w}"));
         summary.warnings.push(w.clone());
@@ -571,6 +594,7 @@ async fn sizes(
 }
 
 /// Build, fit and write one unit; returns its manifest.
+#[allow(clippy::too_many_arguments)] // the run's shared state (output, progress, PS cache), one argument each
 async fn run_unit(
     ctx: &SessionContext,
     p: &Pipeline,
@@ -579,16 +603,151 @@ async fn run_unit(
     run: &str,
     tag: &str,
     progress: &Progress,
+    ps_cache: &super::cohort_adjust::PsCache,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
+    let t0 = Instant::now();
+    let staged = if a.exposures.is_empty() {
+        single_stage(ctx, p, a, tag, progress, ps_cache).await?
+    } else {
+        crate::many::outcome_stage(ctx, a, tag, progress).await?
+    };
+    let Staged {
+        fitted,
+        diagnostics,
+        status,
+        rows,
+        build_seconds,
+        fit_seconds,
+        extra,
+    } = staged;
+    let metadata = one_row(&[
+        ("analysis_id", utf8(&a.id)),
+        ("run_id", utf8(run)),
+        ("pipeline", utf8(&p.name)),
+        ("pipeline_file", utf8(&p.source.name)),
+        ("omop", utf8(&p.omop)),
+        ("design", utf8(a.design.kind().name())),
+        ("model", utf8(a.model.name())),
+        (
+            "roles",
+            utf8(&serde_json::to_string(&a.roles).unwrap_or_default()),
+        ),
+        ("fit_options", utf8(&a.fit_options.to_string())),
+        ("fingerprint", utf8(&a.fingerprint)),
+        (
+            "versions",
+            utf8(&serde_json::to_string(&versions()).unwrap_or_default()),
+        ),
+        ("started_at", utf8(&utc_string(started))),
+        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
+        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
+    ])
+    .map_err(|e| analysis_err(a, e))?;
+
+    progress.step(&format!("{tag}: writing results"));
+    let t2 = Instant::now();
+    let mut tables_out: Vec<(String, Vec<RecordBatch>)> = vec![
+        ("estimates".into(), fitted.estimates),
+        ("attrition".into(), fitted.attrition),
+        ("covariate_ref".into(), fitted.covariate_ref),
+        ("diagnostics".into(), diagnostics),
+        ("metadata".into(), vec![metadata]),
+    ];
+    tables_out.extend(extra);
+    let mut objects = BTreeMap::new();
+    for (name, batches) in tables_out {
+        let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
+        let rel = format!("analyses/{}/{run}/{name}.parquet", a.id);
+        objects.insert(name.to_string(), out.put(&rel, bytes).await?);
+    }
+    let mut roles: BTreeMap<String, String> = a
+        .roles
+        .iter()
+        .map(|(r, s)| (r.to_string(), s.clone()))
+        .collect();
+    if !a.exposures.is_empty() {
+        roles.insert("exposures".into(), a.exposures.join(","));
+    }
+    let manifest = AnalysisManifest {
+        format: "epifusion-analysis/1".into(),
+        status: "complete".into(),
+        analysis_id: a.id.clone(),
+        name: a.name.clone(),
+        design: a.design.kind().name().into(),
+        model: a.model.name().into(),
+        roles,
+        fingerprint: a.fingerprint.clone(),
+        run_id: run.to_string(),
+        completed_at: utc_string(SystemTime::now()),
+        objects,
+        summary: serde_json::json!({
+            "status": status.to_string(),
+            "outcome_rows": rows,
+            "build_seconds": build_seconds,
+            "fit_seconds": fit_seconds,
+            "write_seconds": t2.elapsed().as_secs_f64(),
+            "seconds": t0.elapsed().as_secs_f64(),
+        }),
+    };
+    // The run-scoped manifest (what run manifests point to), then the unit's manifest (what the
+    // next run resumes from). Earlier results stay until a run manifest no longer needs them.
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| analysis_err(a, e))?;
+    let mref = out
+        .put(&run_manifest_path(&a.id, run), bytes.clone())
+        .await?;
+    out.put(&format!("analyses/{}/manifest.json", a.id), bytes)
+        .await?;
+    Ok((manifest, mref))
+}
+
+/// What building and fitting a unit gives, before it is written.
+pub(crate) struct Staged {
+    pub(crate) fitted: Fitted,
+    pub(crate) diagnostics: Vec<RecordBatch>,
+    pub(crate) status: ScalarValue,
+    pub(crate) rows: usize,
+    pub(crate) build_seconds: f64,
+    pub(crate) fit_seconds: f64,
+    /// More tables of the unit, by name (written beside the others).
+    pub(crate) extra: Vec<(String, Vec<RecordBatch>)>,
+}
+
+/// Build and fit a unit of one fit.
+async fn single_stage(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+    tag: &str,
+    progress: &Progress,
+    ps_cache: &super::cohort_adjust::PsCache,
+) -> Result<Staged, PipelineError> {
     let t0 = Instant::now();
     progress.step(&format!("{tag}: building the study tables"));
     if let Design::Sql(q) = &a.design {
         plan::run_setup(ctx, q, &p.source).await?;
     }
-    let t = tables::build_tables(ctx, a)
+    let mut t = tables::build_tables(ctx, a)
         .await
         .map_err(|e| analysis_err(a, e))?;
+    // Cohort designs with [analysis.cohort.ps] / [analysis.cohort.adjustment].
+    progress.step(&format!("{tag}: propensity scores and adjustment"));
+    let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache)
+        .await
+        .map_err(|e| analysis_err(a, e))?;
+    if let Some(adj) = &adjusted {
+        progress.log(&format!(
+            "{tag}: propensity model on {} subjects ({} non-zero coefficients, variance {:.4}): \
+             population {:.2} s, fit {:.2} s (shared by the analysis' outcomes); matching, balance \
+             and diagnostics {:.2} s",
+            adj.shared.row_ids.len(),
+            adj.shared.fit.coefficients.len(),
+            adj.shared.fit.variance,
+            adj.shared.build_seconds,
+            adj.shared.fit_seconds,
+            adj.seconds
+        ));
+    }
     let build_seconds = t0.elapsed().as_secs_f64();
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     progress.step(&format!("{tag}: fitting {} ({rows} rows)", a.model.name()));
@@ -622,87 +781,33 @@ async fn run_unit(
         ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
     ]);
     let diagnostics = one_row(&diag).map_err(|e| analysis_err(a, e))?;
-    let metadata = one_row(&[
-        ("analysis_id", utf8(&a.id)),
-        ("run_id", utf8(run)),
-        ("pipeline", utf8(&p.name)),
-        ("pipeline_file", utf8(&p.source.name)),
-        ("omop", utf8(&p.omop)),
-        ("design", utf8(a.design.kind().name())),
-        ("model", utf8(a.model.name())),
-        (
-            "roles",
-            utf8(&serde_json::to_string(&a.roles).unwrap_or_default()),
-        ),
-        ("fit_options", utf8(&a.fit_options.to_string())),
-        ("fingerprint", utf8(&a.fingerprint)),
-        (
-            "versions",
-            utf8(&serde_json::to_string(&versions()).unwrap_or_default()),
-        ),
-        ("started_at", utf8(&utc_string(started))),
-        ("build_seconds", ScalarValue::Float64(Some(build_seconds))),
-        ("fit_seconds", ScalarValue::Float64(Some(fit_seconds))),
-    ])
-    .map_err(|e| analysis_err(a, e))?;
-
-    progress.step(&format!("{tag}: writing results"));
-    let t2 = Instant::now();
-    let tables_out: [(&str, Vec<RecordBatch>); 5] = [
-        ("estimates", fitted.estimates),
-        ("attrition", fitted.attrition),
-        ("covariate_ref", fitted.covariate_ref),
-        ("diagnostics", vec![diagnostics]),
-        ("metadata", vec![metadata]),
-    ];
-    let mut objects = BTreeMap::new();
-    for (name, batches) in tables_out {
-        let bytes = parquet_bytes(&batches).map_err(|e| analysis_err(a, e))?;
-        let rel = format!("analyses/{}/{run}/{name}.parquet", a.id);
-        objects.insert(name.to_string(), out.put(&rel, bytes).await?);
+    let mut extra = Vec::new();
+    if let Some(adj) = &adjusted {
+        let (cm, note) = super::cohort_results::cm_outputs(ctx, p, a, adj, &t, &fitted.estimates)
+            .await
+            .map_err(|e| analysis_err(a, e))?;
+        if let Some(note) = note {
+            progress.log(&format!("{tag}: {note}"));
+        }
+        extra.extend(cm.into_iter().map(|(n, b)| (n.to_string(), vec![b])));
     }
-    let manifest = AnalysisManifest {
-        format: "epifusion-analysis/1".into(),
-        status: "complete".into(),
-        analysis_id: a.id.clone(),
-        name: a.name.clone(),
-        design: a.design.kind().name().into(),
-        model: a.model.name().into(),
-        roles: a
-            .roles
-            .iter()
-            .map(|(r, s)| (r.to_string(), s.clone()))
-            .collect(),
-        fingerprint: a.fingerprint.clone(),
-        run_id: run.to_string(),
-        completed_at: utc_string(SystemTime::now()),
-        objects,
-        summary: serde_json::json!({
-            "status": status.to_string(),
-            "outcome_rows": rows,
-            "build_seconds": build_seconds,
-            "fit_seconds": fit_seconds,
-            "write_seconds": t2.elapsed().as_secs_f64(),
-            "seconds": t0.elapsed().as_secs_f64(),
-        }),
-    };
-    // The run-scoped manifest (what run manifests point to), then the unit's manifest (what the
-    // next run resumes from). Earlier results stay until a run manifest no longer needs them.
-    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|e| analysis_err(a, e))?;
-    let mref = out
-        .put(&run_manifest_path(&a.id, run), bytes.clone())
-        .await?;
-    out.put(&format!("analyses/{}/manifest.json", a.id), bytes)
-        .await?;
-    Ok((manifest, mref))
+    Ok(Staged {
+        fitted,
+        diagnostics: vec![diagnostics],
+        status,
+        rows,
+        build_seconds,
+        fit_seconds,
+        extra,
+    })
 }
 
-fn utf8(s: &str) -> ScalarValue {
+pub(crate) fn utf8(s: &str) -> ScalarValue {
     ScalarValue::Utf8(Some(s.to_string()))
 }
 
 /// A one-row batch from (column, value) pairs.
-fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
+pub(crate) fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
     let arrays: Vec<ArrayRef> = values
         .iter()
         .map(|(_, v)| v.to_array())
@@ -716,7 +821,7 @@ fn one_row(values: &[(&str, ScalarValue)]) -> DfResult<RecordBatch> {
 }
 
 /// `batches` with `columns` (one value each, repeated) put in front.
-fn prepend(
+pub(crate) fn prepend(
     batches: &[RecordBatch],
     columns: &[(&str, Option<String>)],
 ) -> DfResult<Vec<RecordBatch>> {
@@ -746,7 +851,7 @@ fn prepend(
 }
 
 /// Encode batches (of one schema) as a Parquet file.
-fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
+pub(crate) fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
     let first = batches
         .first()
         .ok_or_else(|| exec_datafusion_err!("nothing to write"))?;
@@ -758,17 +863,17 @@ fn parquet_bytes(batches: &[RecordBatch]) -> DfResult<Vec<u8>> {
 }
 
 /// Decode a Parquet file.
-fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>> {
+pub(crate) fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
     Ok(reader.collect::<Result<Vec<_>, _>>()?)
 }
 
 /// What the fit step produces.
-struct Fitted {
-    estimates: Vec<RecordBatch>,
-    attrition: Vec<RecordBatch>,
-    covariate_ref: Vec<RecordBatch>,
-    sizes: Vec<(String, ScalarValue)>,
+pub(crate) struct Fitted {
+    pub(crate) estimates: Vec<RecordBatch>,
+    pub(crate) attrition: Vec<RecordBatch>,
+    pub(crate) covariate_ref: Vec<RecordBatch>,
+    pub(crate) sizes: Vec<(String, ScalarValue)>,
 }
 
 const OUTCOMES_TABLE: &str = "__epifusion_pipeline_outcomes";
@@ -788,7 +893,7 @@ fn mem_table(name: &str, batches: &[RecordBatch]) -> DfResult<Arc<MemTable>> {
 /// function ([`epifusion_sql::fit_table::fit_batches`]: every fit option, `cv` included, means
 /// what it means in SQL), plus the sizes for the diagnostics (queries over the registered
 /// tables).
-async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
+pub(crate) async fn fit(ctx: &SessionContext, a: &Analysis, t: &StudyTables) -> DfResult<Fitted> {
     let rows: usize = t.outcomes.iter().map(RecordBatch::num_rows).sum();
     if rows == 0 {
         return Err(exec_datafusion_err!("the outcomes table has no rows"));
@@ -1018,6 +1123,19 @@ async fn build_report(
             attrition: read("attrition").await?,
             diagnostics: read("diagnostics").await?,
             warnings,
+            cohort: if m.objects.contains_key("cm_diagnostics_summary") {
+                Some(
+                    super::cohort_results::report_plots(
+                        read("cm_preference_score_dist").await?,
+                        read("cm_covariate_balance").await?,
+                        read("cm_kaplan_meier_dist").await?,
+                        read("cm_diagnostics_summary").await?,
+                    )
+                    .map_err(|e| analysis_err(a, e))?,
+                )
+            } else {
+                None
+            },
         });
     }
     let computed = run.analyses.iter().filter(|e| !e.skipped).count();

@@ -194,6 +194,9 @@ impl Source {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineFile {
+    /// The `database_id` of the OHDSI results tables (default: the store's
+    /// `cdm_source.cdm_source_name`, else the store's folder name).
+    pub database_id: Option<Spanned<String>>,
     /// Pipeline name (report title; default: the file stem).
     pub name: Option<Spanned<String>>,
     /// Free text shown in the report.
@@ -279,6 +282,11 @@ pub struct AnalysisSpec {
     /// Competing events (Fine–Gray; `{competing}`).
     #[serde(default)]
     pub competing: Vec<Spanned<String>>,
+    /// Negative-control outcomes (SCCS): concept sets of outcomes believed not caused by any
+    /// exposure (true RR = 1); each is one more outcome unit, and their estimates calibrate the
+    /// estimates of `outcomes` (see `crate::sccs_results`).
+    #[serde(default)]
+    pub negative_controls: Vec<Spanned<String>>,
     /// Covariate ids shown in the forest plot (default: every unpenalized coefficient).
     pub report: Option<Vec<i64>>,
     /// `design = "sql"`: the study tables as queries.
@@ -535,6 +543,7 @@ fn check_analysis(
             }
         }
     }
+    crate::many::check_negative_controls(a, file, src)?;
     if model == ModelKind::FineGray && design == DesignKind::Cohort && a.competing.is_empty() {
         return Err(src.error(
             a.name.span(),

@@ -145,6 +145,7 @@ pub fn sccs_settings(a: &Analysis, t: &toml::Table) -> DfResult<String> {
 /// `CohortDesign` settings (JSON) of unit `a`.
 pub fn cohort_settings(a: &Analysis, t: &toml::Table) -> DfResult<String> {
     let mut d = settings(a, t)?;
+    super::cohort_adjust::strip(&mut d);
     d.insert("target".into(), concept_set(a, "target")?);
     d.insert("comparator".into(), concept_set(a, "comparator")?);
     d.insert("outcome".into(), concept_set(a, "outcome")?);

@@ -70,8 +70,10 @@ pub fn register_table_functions(state: &mut SessionState) {
     }
 }
 
-/// The table function of a registry entry (`None` for aggregates).
-fn table_function(
+/// The table function of a registry entry (`None` for aggregates); `designs` holds the
+/// matrices `design_matrix` stores and the fit functions read. Used by [`register_all`] and by
+/// embedders that register the functions elsewhere (the Python package's FFI route).
+pub fn table_function(
     name: &'static str,
     role: SqlRole,
     designs: &Arc<DesignRegistry>,

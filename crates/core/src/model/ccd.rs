@@ -37,7 +37,8 @@
 //!   Coordinate descent then only has to settle the zero pattern; beyond 32 columns the
 //!   information matrix costs more than the cycles it saves;
 //! * **Active-set Newton** (likelihoods whose information is cheap:
-//!   [`Likelihood::polish_max_block`] above 32 — Cox and Fine–Gray, up to 512 columns): the
+//!   [`Likelihood::polish_max_block`] above 32 — Cox and Fine–Gray, up to 16√G columns for G event
+//!   groups, clamped to 64..2048): the
 //!   first cycle is one *simultaneous* step (every coordinate's step from the same state,
 //!   taken together with step-halving on the objective: one risk-set refresh instead of one
 //!   per moving coordinate), the polish runs after *every* cycle, and its Newton iteration

@@ -25,6 +25,7 @@ pub mod diagnostics;
 pub mod eras;
 pub mod functions;
 pub mod sccs;
+pub mod sccs_many;
 pub mod synth;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,7 @@ use serde::Deserialize;
 
 pub use cohort::{build_cohort, CohortDesign};
 pub use sccs::{build_sccs, SccsDesign};
+pub use sccs_many::build_sccs_each_exposure;
 
 /// The tables a study design produces.
 #[derive(Debug, Clone, Default)]

@@ -258,7 +258,7 @@ pub struct SccsExposure {
 }
 
 impl SccsExposure {
-    fn concept_set(&self) -> ConceptSet {
+    pub(super) fn concept_set(&self) -> ConceptSet {
         ConceptSet {
             concept_ids: self.concept_ids.clone(),
             include_descendants: self.include_descendants,
@@ -531,7 +531,7 @@ pub struct CaseData {
 
 /// A risk-window covariate: the exposure, the window and its ids per concept group.
 #[derive(Debug, Clone)]
-struct WindowCovariate {
+pub(super) struct WindowCovariate {
     exposure: usize,
     window: RiskWindow,
     /// (concept id or None when pooled) → covariate id of each sub-window (in the order of
@@ -1013,7 +1013,7 @@ fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, 
     out
 }
 
-fn attrition_batch(rows: &[(String, i64, i64, i64)]) -> DfResult<RecordBatch> {
+pub(super) fn attrition_batch(rows: &[(String, i64, i64, i64)]) -> DfResult<RecordBatch> {
     let cols: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from_iter_values(1..=rows.len() as i64)),
         Arc::new(StringArray::from_iter_values(
@@ -1028,7 +1028,7 @@ fn attrition_batch(rows: &[(String, i64, i64, i64)]) -> DfResult<RecordBatch> {
 
 /// Assign covariate ids to the risk windows (needs the concept ids seen when stratified), in
 /// the order exposure setting → concept id (when stratified) → window → sub-window.
-fn window_covariates(
+pub(super) fn window_covariates(
     d: &SccsDesign,
     concepts: &[BTreeSet<i64>],
 ) -> DfResult<(Vec<WindowCovariate>, Vec<CovariateRef>)> {
@@ -1299,7 +1299,7 @@ pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyT
     })
 }
 
-fn interval_plan(
+pub(super) fn interval_plan(
     d: &SccsDesign,
     windows: Vec<WindowCovariate>,
     data: &[CaseData],
@@ -1367,7 +1367,7 @@ fn interval_plan(
     Ok(plan)
 }
 
-fn fixed_refs(d: &SccsDesign, plan: &IntervalPlan) -> Vec<CovariateRef> {
+pub(super) fn fixed_refs(d: &SccsDesign, plan: &IntervalPlan) -> Vec<CovariateRef> {
     let mut refs = Vec::new();
     let mut add = |id: i64, name: String, analysis: &str| {
         refs.push(CovariateRef {
@@ -1414,9 +1414,9 @@ fn fixed_refs(d: &SccsDesign, plan: &IntervalPlan) -> Vec<CovariateRef> {
     refs
 }
 
-type IntervalBatches = (Vec<RecordBatch>, Vec<RecordBatch>, (i64, i64, i64));
+pub(super) type IntervalBatches = (Vec<RecordBatch>, Vec<RecordBatch>, (i64, i64, i64));
 
-fn intervals_to_batches(
+pub(super) fn intervals_to_batches(
     plan: &IntervalPlan,
     data: &[CaseData],
     meta: &[(i64, Option<i64>)],

@@ -8,6 +8,13 @@
 //! conditions (concept ids 3_000_001…, 200 of them) for baseline covariates; death for 2% of
 //! persons, on the last observed day. Files are written in chunks of 100,000 persons, so the
 //! generator's memory does not grow with the store.
+//!
+//! [`write_store_with`] adds `extra_outcomes` more outcomes (concept ids 2_000_002…, for the
+//! many-pairs benchmark: negative controls), each recurrent at 1 per 100 person-years, not
+//! caused by any drug (RR = 1) except that every [`BIASED_EVERY`]-th one has the rate ×
+//! [`BIAS_RR`] during eras of *every* drug: systematic error that empirical calibration should
+//! see. They are drawn from a second random stream, so the rest of the store is the same as
+//! [`write_store`]'s for the same seed.
 
 use std::fs::File;
 use std::path::Path;
@@ -26,6 +33,10 @@ pub const TRUE_RI: f64 = 2.0;
 pub const OUTCOME_CONCEPT: i64 = 2_000_001;
 /// The first drug's concept id.
 pub const FIRST_DRUG: i64 = 1_000_001;
+/// Every this-many-th extra outcome (the 1st, the 6th, …) carries systematic error.
+pub const BIASED_EVERY: usize = 5;
+/// Rate ratio of a biased extra outcome during any drug era (the systematic error).
+pub const BIAS_RR: f64 = 1.5;
 
 /// Counts of a generated store.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -109,6 +120,17 @@ impl Table {
 
 /// Write a synthetic store of `persons` persons with `drugs` drugs into `dir` (Parquet).
 pub fn write_store(dir: &Path, persons: usize, drugs: usize, seed: u64) -> DfResult<StoreSummary> {
+    write_store_with(dir, persons, drugs, seed, 0)
+}
+
+/// [`write_store`] with `extra_outcomes` more outcomes (see the [module docs](self)).
+pub fn write_store_with(
+    dir: &Path,
+    persons: usize,
+    drugs: usize,
+    seed: u64,
+    extra_outcomes: usize,
+) -> DfResult<StoreSummary> {
     std::fs::create_dir_all(dir)
         .map_err(|e| exec_datafusion_err!("cannot create {}: {e}", dir.display()))?;
     let i = DataType::Int64;
@@ -187,6 +209,7 @@ pub fn write_store(dir: &Path, persons: usize, drugs: usize, seed: u64) -> DfRes
         period.push(&[pid, pid, start, end]);
         // Eras of drug 1 define the outcome's rate.
         let mut exposed: Vec<(i64, i64)> = Vec::new();
+        let mut any_drug: Vec<(i64, i64)> = Vec::new();
         for (k, &prev) in prevalence.iter().enumerate() {
             if !rng.bernoulli(prev) {
                 continue;
@@ -196,6 +219,7 @@ pub fn write_store(dir: &Path, persons: usize, drugs: usize, seed: u64) -> DfRes
                 let e0 = (s0 + rng.int_range(6, 179) as i64).min(end);
                 s.drug_eras += 1;
                 era.push(&[s.drug_eras as i64, pid, FIRST_DRUG + k as i64, s0, e0]);
+                any_drug.push((s0, e0));
                 if k == 0 {
                     exposed.push((s0, e0));
                 }
@@ -235,6 +259,37 @@ pub fn write_store(dir: &Path, persons: usize, drugs: usize, seed: u64) -> DfRes
             s.conditions += 1;
             let concept = 3_000_001 + rng.int_range(0, 199) as i64;
             condition.push(&[s.conditions as i64, pid, concept, day, day]);
+        }
+        if extra_outcomes > 0 {
+            // A second stream per person: the main stream (and so the rest of the store) is
+            // unchanged by the extra outcomes.
+            let mut extra =
+                Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15 ^ (pid as u64).wrapping_mul(0x2545_f491));
+            let in_drug = |day: i64| any_drug.iter().any(|&(a, b)| a <= day && day <= b);
+            let drug_days = (start..=end).filter(|&d| in_drug(d)).count() as f64;
+            let total = (end - start + 1) as f64;
+            for j in 0..extra_outcomes {
+                let biased = j % BIASED_EVERY == 0;
+                let rr = if biased { BIAS_RR } else { 1.0 };
+                let rate = 1.0 / (100.0 * 365.25);
+                let mean = rate * ((total - drug_days) + rr * drug_days);
+                for _ in 0..extra.poisson(mean) {
+                    let day = loop {
+                        let day = extra.int_range(start as u64, end as u64) as i64;
+                        if !biased || in_drug(day) || extra.bernoulli(1.0 / rr) {
+                            break day;
+                        }
+                    };
+                    s.conditions += 1;
+                    condition.push(&[
+                        s.conditions as i64,
+                        pid,
+                        OUTCOME_CONCEPT + 1 + j as i64,
+                        day,
+                        day,
+                    ]);
+                }
+            }
         }
         if rng.bernoulli(0.02) {
             s.deaths += 1;

@@ -1,0 +1,227 @@
+"""The Python package: epifusion sessions from Python, results as pyarrow tables.
+
+Run from the repository root after ``pip install ./python``::
+
+    python -m pytest python/tests
+
+The CLI comparisons run the ``epifusion`` binary: ``$EPIFUSION_BIN``, else
+``$CARGO_TARGET_DIR/debug/epifusion``, else ``target/debug/epifusion``. Without one they fail
+under CI (``CI`` set) and are skipped, saying why, elsewhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import epifusion
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+GIBLEED = ROOT / "data" / "gibleed"
+
+LUNG = (
+    f"CREATE EXTERNAL TABLE lung STORED AS CSV LOCATION '{DATA / 'survival_lung.csv'}' "
+    "OPTIONS ('format.has_header' 'true')"
+)
+LUNG_FIT = (
+    "SELECT covariate, estimate, std_error, ci_lower, ci_upper, log_likelihood, iterations, status "
+    "FROM cox_fit('SELECT time, status - 1 AS y, age, sex FROM lung', '{\"ci\": \"wald\"}') "
+    "ORDER BY covariate"
+)
+
+COHORT = """{
+  "target": {"concept_ids": [1118084]}, "comparator": {"concept_ids": [1124300]},
+  "outcome": {"concept_ids": [192671], "include_descendants": true},
+  "first_exposure_only": true, "remove_duplicate_subjects": "remove_all", "washout_days": 365,
+  "risk_window_start": 0, "start_anchor": "cohort_start",
+  "risk_window_end": 365, "end_anchor": "cohort_start"}"""
+COHORT_SETUP = [
+    f"CREATE TABLE cox_outcomes AS SELECT * FROM cohort_outcomes('{COHORT}')",
+    f"CREATE TABLE cox_covariates AS SELECT * FROM cohort_covariates('{COHORT}')",
+]
+COHORT_FIT = (
+    "SELECT covariate_id, estimate, std_error, ci_lower, ci_upper, log_likelihood, status "
+    "FROM cox_fit('cox_outcomes', 'SELECT * FROM cox_covariates WHERE covariate_id = 1', "
+    "'{\"ci\": \"wald\"}')"
+)
+
+
+def epifusion_bin() -> Path | None:
+    candidates = [os.environ.get("EPIFUSION_BIN")]
+    if os.environ.get("CARGO_TARGET_DIR"):
+        candidates.append(str(Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / "epifusion"))
+    candidates.append(str(ROOT / "target" / "debug" / "epifusion"))
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c)
+    return None
+
+
+def cli(statements: str, omop: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``epifusion sql -c`` (CSV output of the last statement)."""
+    exe = epifusion_bin()
+    if exe is None:
+        msg = "no epifusion binary (set EPIFUSION_BIN or build it with cargo build)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    args = [str(exe), "sql", "--format", "csv", "-c", statements]
+    if omop is not None:
+        args[2:2] = ["--omop", str(omop)]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def cli_rows(statements: str, omop: Path | None = None) -> list[dict[str, str]]:
+    out = cli(statements, omop)
+    assert out.returncode == 0, out.stderr
+    return list(csv.DictReader(io.StringIO(out.stdout)))
+
+
+def same_value(cli_text: str, value) -> bool:
+    """A CSV field of the CLI equals a Python value (floats exactly: both are shortest
+    round-trip renderings of the same f64)."""
+    if value is None:
+        return cli_text == ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return cli_text.lower() == "nan"
+        return float(cli_text) == value
+    return cli_text == str(value)
+
+
+def assert_same_table(cli_table: list[dict[str, str]], table: pa.Table) -> None:
+    rows = table.to_pylist()
+    assert len(rows) == len(cli_table) > 0
+    for expected, got in zip(cli_table, rows):
+        assert list(expected) == list(got), (list(expected), list(got))
+        for k in expected:
+            assert same_value(expected[k], got[k]), (k, expected[k], got[k])
+
+
+@pytest.fixture()
+def ctx() -> epifusion.SessionContext:
+    return epifusion.SessionContext()
+
+
+def test_every_function_is_registered(ctx):
+    names = set(epifusion.function_names())
+    assert {"cox_fit", "cox_fit_agg", "sccs_fit", "fine_gray_fit", "cohort_outcomes"} <= names
+    listed = ctx.sql("SELECT name FROM epifusion_functions()")
+    assert set(listed.column("name").to_pylist()) == names
+
+
+def test_cox_fit_matches_cli_and_reference(ctx):
+    ctx.sql(LUNG)
+    table = ctx.sql(LUNG_FIT)
+    est = dict(zip(table.column("covariate").to_pylist(), table.column("estimate").to_pylist()))
+    # R survival::coxph(Surv(time, status) ~ age + sex, lung, ties = "breslow")
+    # (tests/golden/README.md, lung_breslow).
+    assert est["age"] == pytest.approx(0.01701289, abs=1e-6)
+    assert est["sex"] == pytest.approx(-0.51256479, abs=1e-6)
+    assert set(table.column("status").to_pylist()) == {"converged"}
+    assert list(table.to_pandas()["covariate"]) == ["age", "sex"]
+    assert_same_table(cli_rows(f"{LUNG}; {LUNG_FIT}"), table)
+
+
+def test_data_from_python_is_fitted_like_the_csv(ctx):
+    ctx.sql(LUNG)
+    lung = ctx.sql("SELECT time, status, age, sex FROM lung").to_pandas()
+    ctx.register_table("lung_from_pandas", lung)
+    assert "lung_from_pandas" in ctx.table_names()
+    a = ctx.sql(LUNG_FIT)
+    b = ctx.sql(LUNG_FIT.replace("FROM lung'", "FROM lung_from_pandas'"))
+    assert a.column("estimate").to_pylist() == b.column("estimate").to_pylist()
+
+
+def test_fit_aggregate_group_by(ctx):
+    ctx.sql(
+        f"CREATE EXTERNAL TABLE test1 STORED AS CSV LOCATION '{DATA / 'therneau_test1.csv'}' "
+        "OPTIONS ('format.has_header' 'true')"
+    )
+    ctx.sql(
+        "CREATE VIEW grouped AS "
+        "SELECT 1 AS g, time, status AS y, CASE WHEN x = 1 THEN [CAST(7 AS BIGINT)] ELSE [] END AS ids FROM test1 "
+        "UNION ALL SELECT 2, time, status, CASE WHEN x = 0 THEN [CAST(7 AS BIGINT)] ELSE [] END FROM test1 "
+        "UNION ALL SELECT 3, time, 0, [CAST(7 AS BIGINT)] FROM test1"
+    )
+    query = (
+        "SELECT g, c['covariate_id'] AS id, c['estimate'] AS estimate, c['status'] AS status FROM ("
+        " SELECT g, unnest(fit) AS c FROM ("
+        "  SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y, ids, "
+        "'{\"tolerance\": 1e-12, \"ci\": \"none\"}') AS fit FROM grouped GROUP BY g)) ORDER BY g"
+    )
+    rows = ctx.sql(query).to_pylist()
+    assert [r["g"] for r in rows] == [1, 2, 3]
+    # Therneau's test 1: beta = 1.475285 (Breslow); group 2 flips x; group 3 has no events.
+    assert rows[0]["estimate"] == pytest.approx(1.475285, abs=1e-6)
+    assert rows[1]["estimate"] == pytest.approx(-1.475285, abs=1e-6)
+    assert rows[0]["status"] == rows[1]["status"] == "converged"
+    assert rows[2]["estimate"] is None
+    assert rows[2]["status"].startswith("failed: empty input")
+    # The aggregate agrees with the table function on group 1's data.
+    b = ctx.sql(
+        "SELECT estimate FROM cox_fit('SELECT time, status AS y, x FROM test1', "
+        "'{\"tolerance\": 1e-12, \"ci\": \"none\"}')"
+    )
+    assert b.column("estimate").to_pylist() == [rows[0]["estimate"]]
+
+
+def test_omop_new_user_cohort_design():
+    ctx = epifusion.SessionContext(omop=GIBLEED)
+    names = set(ctx.table_names())
+    assert {"person", "drug_era", "condition_occurrence", "observation_period"} <= names
+    person = ctx.sql("SELECT * FROM person LIMIT 1")
+    assert person.schema.field("person_id").type == pa.int64()
+    attrition = ctx.sql(f"SELECT * FROM cohort_attrition('{COHORT}')")
+    assert attrition.num_rows > 0
+    assert_same_table(cli_rows(f"SELECT * FROM cohort_attrition('{COHORT}')", GIBLEED), attrition)
+    table = ctx.sql("; ".join(COHORT_SETUP + [COHORT_FIT]))
+    assert table.column("status").to_pylist() == ["converged"]
+    assert_same_table(cli_rows("; ".join(COHORT_SETUP + [COHORT_FIT]), GIBLEED), table)
+    # register_omop on a session made without a store gives the same tables.
+    other = epifusion.SessionContext()
+    assert set(other.register_omop(GIBLEED)) <= names
+
+
+def test_errors_are_python_exceptions_with_the_clis_message(ctx):
+    ctx.sql(LUNG)
+    bad = "SELECT * FROM cox_fit('SELECT time, status - 1 AS y, age FROM lung', '{\"bogus\": 1}')"
+    with pytest.raises(epifusion.EpifusionError) as err:
+        ctx.sql(bad)
+    assert isinstance(err.value, RuntimeError)
+    out = cli(f"{LUNG}; {bad}")
+    assert out.returncode != 0
+    # The CLI prints "error: <message>"; the Python exception carries the same message.
+    cli_message = out.stderr.strip().splitlines()[-1].removeprefix("error: ")
+    assert "bogus" in cli_message
+    assert str(err.value) == cli_message
+
+
+def test_input_queries_are_read_only_and_name_missing_tables(ctx):
+    with pytest.raises(epifusion.EpifusionError, match="read-only"):
+        ctx.sql("SELECT * FROM cox_fit('CREATE TABLE t AS SELECT 1 AS time, 1 AS y')")
+    with pytest.raises(epifusion.EpifusionError, match="no_such_table"):
+        ctx.sql("SELECT * FROM cox_fit('SELECT time, y FROM no_such_table')")
+    with pytest.raises(epifusion.EpifusionError, match="no SQL statement"):
+        ctx.sql("  ")
+
+
+def test_register_omop_errors(tmp_path):
+    with pytest.raises(epifusion.EpifusionError, match="no OMOP CDM tables"):
+        epifusion.SessionContext().register_omop(tmp_path)
+    with pytest.raises(epifusion.EpifusionError, match="no OMOP CDM tables"):
+        epifusion.SessionContext(omop=tmp_path)
+
+
+@pytest.mark.skipif(epifusion.has_ffi(), reason="built with the ffi feature")
+def test_register_without_ffi_says_how_to_get_it():
+    with pytest.raises(ImportError, match="ffi"):
+        epifusion.register(object())
