@@ -12,8 +12,7 @@ Two ways in:
       fit = ctx.sql("SELECT * FROM cox_fit('SELECT time, status - 1 AS y, age, sex FROM lung')")
 
 * :func:`register` / :func:`register_omop` — registration into a ``datafusion.SessionContext``
-  (datafusion-python 55.0.0) through DataFusion's FFI. Only in builds with the extension's cargo
-  feature ``ffi`` (``has_ffi()``); see the README.
+  (datafusion-python 55.0.0) through DataFusion's FFI; see the README.
 
 Errors raise :class:`EpifusionError` (a ``RuntimeError``) with epifusion's message — the one
 ``epifusion sql`` prints after ``error:``.
@@ -77,19 +76,9 @@ class SessionContext:
         return sorted(self._ctx.table_names())
 
 
-def _require_ffi() -> None:
-    if not has_ffi():
-        raise ImportError(
-            "this epifusion build has no datafusion-python registration: rebuild the extension "
-            "with its cargo feature `ffi` (MATURIN_PEP517_ARGS='--features ffi' "
-            "pip install ./python), or use epifusion.SessionContext"
-        )
-
-
 def register(ctx: Any) -> list[str]:
     """Register every epifusion function in the ``datafusion.SessionContext`` ``ctx`` through
-    DataFusion's FFI; returns their names (builds with the ``ffi`` feature only)."""
-    _require_ffi()
+    DataFusion's FFI; returns their names."""
     from datafusion.user_defined import AggregateUDF, TableFunction
 
     names = []
@@ -104,8 +93,7 @@ def register(ctx: Any) -> list[str]:
 
 def register_omop(ctx: Any, location: str | os.PathLike) -> list[str]:
     """Register the OMOP-CDM tables at ``location`` in the ``datafusion.SessionContext``
-    ``ctx``, scanning through epifusion's own object stores (builds with ``ffi`` only)."""
-    _require_ffi()
+    ``ctx``, scanning through epifusion's own object stores; returns their names."""
     names = []
     for name, table in _epifusion.omop_tables(os.fspath(location)):
         ctx.register_table(name, table)

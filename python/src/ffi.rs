@@ -1,4 +1,4 @@
-//! The FFI route (cargo feature `ffi`): epifusion's functions and OMOP tables exported to
+//! The FFI route: epifusion's functions and OMOP tables exported to
 //! datafusion-python 55 sessions as PyCapsules of `datafusion-ffi` 55.2 objects.
 //!
 //! * [`TableFunction`]: one table function (`cox_fit`, `sccs_intervals`, …) as
@@ -20,8 +20,8 @@
 //! provider's `scan`; the study designs run queries there, so [`InRuntimeFunction`] /
 //! [`InRuntimeTable`] enter the module's runtime around every poll of a scan ([`InRuntime`]).
 //!
-//! Requires arrow's `ffi` feature (datafusion-ffi enables it): building this feature compiles
-//! arrow and DataFusion once more unless the workspace enables `arrow/ffi` too.
+//! Needs arrow's `ffi` feature (datafusion-ffi enables it); the workspace's `arrow` dependency
+//! enables it too, so that every crate sees one arrow feature set.
 
 use std::ffi::CString;
 use std::future::Future;

@@ -221,7 +221,94 @@ def test_register_omop_errors(tmp_path):
         epifusion.SessionContext(omop=tmp_path)
 
 
-@pytest.mark.skipif(epifusion.has_ffi(), reason="built with the ffi feature")
-def test_register_without_ffi_says_how_to_get_it():
-    with pytest.raises(ImportError, match="ffi"):
+# --- datafusion-python (55.0.0) sessions, through DataFusion's FFI ---------------------------
+
+
+def datafusion_ctx():
+    """A datafusion-python session with every epifusion function registered."""
+    try:
+        import datafusion
+    except ImportError:
+        msg = "datafusion-python is not installed (pip install 'datafusion==55.0.0')"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    ctx = datafusion.SessionContext()
+    names = epifusion.register(ctx)
+    return ctx, names
+
+
+def test_register_into_datafusion_python():
+    assert epifusion.has_ffi()
+    dctx, names = datafusion_ctx()
+    assert set(names) == set(epifusion.function_names())
+    # The caller's tables (registered by datafusion-python) feed epifusion's table functions,
+    # and the result is the epifusion session's to the last bit.
+    dctx.sql(LUNG).collect()
+    got = dctx.sql(LUNG_FIT).to_arrow_table()
+    ctx = epifusion.SessionContext()
+    ctx.sql(LUNG)
+    want = ctx.sql(LUNG_FIT)
+    assert got.to_pylist() == want.to_pylist()
+    assert set(got.column("status").to_pylist()) == {"converged"}
+    # A pandas DataFrame registered by datafusion-python.
+    frame = ctx.sql("SELECT time, status, age, sex FROM lung").to_pandas()
+    dctx.from_pandas(frame, name="lung_pd")
+    again = dctx.sql(LUNG_FIT.replace("FROM lung'", "FROM lung_pd'")).to_arrow_table()
+    assert again.column("estimate").to_pylist() == want.column("estimate").to_pylist()
+
+
+def test_fit_aggregate_in_datafusion_python():
+    dctx, _ = datafusion_ctx()
+    dctx.sql(
+        f"CREATE EXTERNAL TABLE test1 STORED AS CSV LOCATION '{DATA / 'therneau_test1.csv'}' "
+        "OPTIONS ('format.has_header' 'true')"
+    ).collect()
+    query = (
+        "SELECT g, c['estimate'] AS estimate, c['status'] AS status FROM ("
+        " SELECT g, unnest(fit) AS c FROM ("
+        "  SELECT g, cox_fit_agg(CAST(NULL AS BIGINT), time, y, ids, "
+        "'{\"tolerance\": 1e-12, \"ci\": \"none\"}') AS fit FROM ("
+        "   SELECT 1 AS g, time, status AS y, "
+        "CASE WHEN x = 1 THEN [CAST(7 AS BIGINT)] ELSE [] END AS ids FROM test1"
+        "   UNION ALL SELECT 2, time, status, "
+        "CASE WHEN x = 0 THEN [CAST(7 AS BIGINT)] ELSE [] END FROM test1) GROUP BY g)) ORDER BY g"
+    )
+    rows = dctx.sql(query).to_arrow_table().to_pylist()
+    assert [r["g"] for r in rows] == [1, 2]
+    # Therneau's test 1: beta = 1.475285 (Breslow); group 2 flips x.
+    assert rows[0]["estimate"] == pytest.approx(1.475285, abs=1e-6)
+    assert rows[1]["estimate"] == pytest.approx(-1.475285, abs=1e-6)
+    assert [r["status"] for r in rows] == ["converged", "converged"]
+
+
+def test_errors_cross_the_ffi(tmp_path):
+    dctx, _ = datafusion_ctx()
+    dctx.sql(LUNG).collect()
+    with pytest.raises(Exception, match="bogus"):
+        dctx.sql(
+            "SELECT * FROM cox_fit('SELECT time, status - 1 AS y, age FROM lung', '{\"bogus\": 1}')"
+        ).collect()
+    with pytest.raises(Exception, match="read-only"):
+        dctx.sql("SELECT * FROM cox_fit('CREATE TABLE t AS SELECT 1 AS time, 1 AS y')").collect()
+    with pytest.raises(epifusion.EpifusionError, match="no OMOP CDM tables"):
+        epifusion.register_omop(dctx, tmp_path)
+    with pytest.raises(TypeError, match="SessionContext"):
         epifusion.register(object())
+
+
+def test_omop_study_design_in_datafusion_python():
+    dctx, _ = datafusion_ctx()
+    tables = epifusion.register_omop(dctx, GIBLEED)
+    assert {"person", "drug_era", "condition_occurrence", "observation_period"} <= set(tables)
+    assert dctx.sql("SELECT count(*) AS n FROM person").to_arrow_table().column("n")[0].as_py() > 0
+    # A study design reads the OMOP tables registered in the caller's session.
+    got = dctx.sql(f"SELECT * FROM cohort_attrition('{COHORT}')").to_arrow_table()
+    want = epifusion.SessionContext(omop=GIBLEED).sql(f"SELECT * FROM cohort_attrition('{COHORT}')")
+    assert got.to_pylist() == want.to_pylist()
+    fit = "; ".join(COHORT_SETUP + [COHORT_FIT])
+    for stmt in COHORT_SETUP:
+        dctx.sql(stmt).collect()
+    got = dctx.sql(COHORT_FIT).to_arrow_table()
+    want = epifusion.SessionContext(omop=GIBLEED).sql(fit)
+    assert got.to_pylist() == want.to_pylist()
