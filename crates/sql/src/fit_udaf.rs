@@ -462,6 +462,22 @@ impl FitAccumulator {
     }
 }
 
+/// Counts of group fits started and cancelled in this process (observed by the cancellation
+/// test; cheap atomics).
+#[derive(Debug, Default)]
+pub struct FitEvents {
+    /// Group fits started (`evaluate` with rows).
+    pub started: std::sync::atomic::AtomicUsize,
+    /// Group fits stopped by their query's cancel token.
+    pub cancelled: std::sync::atomic::AtomicUsize,
+}
+
+/// This process's [`FitEvents`].
+pub static FIT_EVENTS: FitEvents = FitEvents {
+    started: std::sync::atomic::AtomicUsize::new(0),
+    cancelled: std::sync::atomic::AtomicUsize::new(0),
+};
+
 fn run_blocking<T>(f: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
@@ -497,8 +513,19 @@ impl Accumulator for FitAccumulator {
             ))));
         }
         let rows = std::mem::take(&mut self.rows);
-        let (model, options) = (self.model, self.options.clone());
+        let (model, mut options) = (self.model, self.options.clone());
+        // The query's token when a `FitScopeExec` polls this aggregate: the fit stops within
+        // one cycle once the query's stream is dropped (crate::cancel_scope).
+        options.ccd.cancel = crate::cancel_scope::current_token();
+        FIT_EVENTS.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let result = run_blocking(move || FitAccumulator::fit_group(model, &options, rows));
+        if let Err(Error::Cancelled) = result {
+            FIT_EVENTS.cancelled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(datafusion::common::DataFusionError::Execution(format!(
+                "{}: the fit was cancelled (its query was dropped)",
+                model.name()
+            )));
+        }
         // One entry per coefficient: the result table's row (one function makes both).
         let columns: Vec<ArrayRef> = match result.and_then(|r| crate::convert::result_batch(&r)) {
             Ok(batch) => batch.columns().to_vec(),

@@ -10,6 +10,7 @@
 //!   functions, OMOP stores, object stores and the `epifusion sql` front end.
 
 pub mod calibration;
+pub mod cancel_scope;
 pub mod cohort_ps;
 pub mod convert;
 pub mod design_table;

@@ -103,7 +103,14 @@ pub async fn new_session(opts: &SessionOptions) -> DfResult<SessionContext> {
     let runtime = RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::new(EnvObjectStoreRegistry::new()))
         .build_arc()?;
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    // Fit aggregates stop when their query is dropped (crate::cancel_scope).
+    let state = datafusion::execution::session_state::SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_physical_optimizer_rule(Arc::new(crate::cancel_scope::FitCancelRule))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     register_all(&ctx);
     if let Some(store) = &opts.omop {
         omop::register_omop(&ctx, store).await?;
