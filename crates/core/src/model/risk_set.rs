@@ -52,10 +52,14 @@
 //! threads.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
 use super::Ties;
 use crate::error::{Error, Result};
+
+mod folds;
+pub use folds::{FoldBase, FoldCensor, FoldSums};
 
 /// Which partial likelihood a [`RiskSetModel`] evaluates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +86,6 @@ struct SortedColumn {
     vals: Vec<f64>,
     /// Counting-process exits: (exit position, entry index) sorted by position.
     exits: Vec<(u32, u32)>,
-    /// Σ over events of w x (constant).
-    event_sum: f64,
 }
 
 impl SortedColumn {
@@ -139,7 +141,17 @@ pub struct RiskSetModel {
     /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
     par_min_groups: usize,
     // ---- columns ----
-    cols: Vec<SortedColumn>,
+    /// Shared by clones: the folds of cross-validation are row weights over one copy
+    /// (`risk_set/folds.rs`).
+    cols: Arc<Vec<SortedColumn>>,
+    /// Σ over events of w x per column (depends on the weights, so not in `cols`).
+    event_sum: Vec<f64>,
+    /// Input row of each sorted row (shared by clones).
+    input_row: Arc<Vec<u32>>,
+    /// Rows that a fold leaves out (weight 0, not counted as rows); empty outside folds.
+    fold_out: Vec<bool>,
+    /// Groups with an event of positive count (all of them outside folds).
+    n_event_groups: usize,
     // ---- state ----
     beta: Vec<f64>,
     f_sum: Vec<f64>,
@@ -432,7 +444,6 @@ impl RiskSetModel {
         }
 
         // The row data is no longer needed (freed here when owned).
-        drop(order);
         drop(design);
         // Columns in sorted order, dropping rows that are in no risk set.
         let contributes = |ki: usize| -> bool {
@@ -467,9 +478,6 @@ impl RiskSetModel {
             }
             for i in 0..col.rows.len() {
                 let ki = col.rows[i] as usize;
-                if event[ki] {
-                    col.event_sum += w[ki] * col.value(i);
-                }
                 if counting && exit[ki] < s_end[info[ki].stratum as usize] {
                     col.exits.push((exit[ki], i as u32));
                 }
@@ -479,6 +487,18 @@ impl RiskSetModel {
         };
         // Independent per column, so the result does not depend on the thread count.
         let cols: Vec<SortedColumn> = cols.par_map(sort_column);
+        let event_sum: Vec<f64> = cols
+            .iter()
+            .map(|col| {
+                let mut sum = 0.0;
+                for (i, &ki) in col.rows.iter().enumerate() {
+                    if event[ki as usize] {
+                        sum += w[ki as usize] * col.value(i);
+                    }
+                }
+                sum
+            })
+            .collect();
 
         let efron_group: Vec<bool> = g_count
             .iter()
@@ -511,7 +531,11 @@ impl RiskSetModel {
             any_efron,
             min_chunk: MIN_CHUNK,
             par_min_groups: PAR_MIN_GROUPS,
-            cols,
+            cols: Arc::new(cols),
+            event_sum,
+            input_row: Arc::new(order),
+            fold_out: Vec::new(),
+            n_event_groups: n_groups,
             beta: vec![0.0; p],
             f_sum: vec![0.0; n_groups],
             b_sum: if fg { vec![0.0; n_groups] } else { Vec::new() },
@@ -904,9 +928,9 @@ impl RiskSetModel {
     pub fn log_likelihood(&mut self) -> f64 {
         self.refresh();
         let mut ll = self.event_offset_sum;
-        for (col, &b) in self.cols.iter().zip(&self.beta) {
+        for (&sum, &b) in self.event_sum.iter().zip(&self.beta) {
             if b != 0.0 {
-                ll += b * col.event_sum;
+                ll += b * sum;
             }
         }
         for g in 0..self.g_weight.len() {
@@ -934,8 +958,9 @@ impl RiskSetModel {
             return;
         }
         self.beta[j] += delta;
-        // Temporarily take the column out to avoid borrowing self twice.
-        let col = std::mem::take(&mut self.cols[j]);
+        // A handle on the shared columns, to avoid borrowing self twice.
+        let cols = Arc::clone(&self.cols);
+        let col = &cols[j];
         // η is not kept between cycles (set_beta recomputes it); w e changes by exp(Δ x).
         if self.simple {
             // Positions within one column are nondecreasing; only a second update before the
@@ -990,7 +1015,6 @@ impl RiskSetModel {
         } else {
             self.dirty = true;
         }
-        self.cols[j] = col;
     }
 
     /// (∂LL/∂β_j, −∂²LL/∂β_j²) at the current state.
@@ -1039,7 +1063,7 @@ impl RiskSetModel {
             // x² = x: the S2 sums equal the S1 sums.
             acc.lin2 = acc.lin;
         }
-        let g = col.event_sum - acc.lin + acc.gcorr;
+        let g = self.event_sum[j] - acc.lin + acc.gcorr;
         let h = acc.lin2 - acc.quad + acc.hcorr;
         (g, h)
     }
@@ -1422,7 +1446,7 @@ impl RiskSetModel {
                     acc += v * d[r as usize];
                 }
             }
-            col.event_sum - acc
+            self.event_sum[j] - acc
         };
         let entries: usize = cols
             .iter()
@@ -1478,7 +1502,7 @@ impl RiskSetModel {
         // 64..2048). Measured on the DESIGN §10 Cox recipe's auto CV (about 890 active
         // columns at the first candidate): 4√G left those fits to coordinate descent and
         // took twice the CPU time.
-        let g = self.g_weight.len() as f64;
+        let g = self.n_event_groups as f64;
         ((16.0 * g.sqrt()) as usize).clamp(POLISH_MIN_COLS, POLISH_MAX_COLS)
     }
 
@@ -1673,8 +1697,9 @@ impl RiskSetModel {
                 let mut seg_rows = 0usize;
                 while h1 < gb && (h1 == h0 || seg_rows * SEGMENT_GROWTH <= rows_before) {
                     while scan < rb && self.info[scan].pos as usize == h1 {
+                        // Rows a fold leaves out are not rows of its data.
+                        seg_rows += usize::from(self.fold_out.get(scan) != Some(&true));
                         scan += 1;
-                        seg_rows += 1;
                     }
                     h1 += 1;
                 }
@@ -1700,7 +1725,9 @@ impl RiskSetModel {
                         if lo < hi {
                             scatter(&mut f, i, we);
                             scatter(&mut y, i, we * c_rest);
-                            if efron && self.event[i] {
+                            // (A row of weight 0 — one a fold leaves out — adds nothing and
+                            // must not mark its columns twice.)
+                            if efron && self.event[i] && we != 0.0 {
                                 for e in lo..hi {
                                     let a = rows.col[e];
                                     if e1[a as usize] == 0.0 {
@@ -1898,7 +1925,9 @@ impl RiskSetModel {
                         for e in lo..hi {
                             f[rows.col[e] as usize] += we * rows.value(e);
                         }
-                        if efron && self.event[i] {
+                        // (A row of weight 0 — one a fold leaves out — adds nothing and must
+                        // not mark its columns twice.)
+                        if efron && self.event[i] && we != 0.0 {
                             for e in lo..hi {
                                 let a = rows.col[e];
                                 if e1[a as usize] == 0.0 {
