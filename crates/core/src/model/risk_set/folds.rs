@@ -137,17 +137,17 @@ impl RiskSetModel {
         if self.fg && censor.is_none() {
             return Err(mismatch("censoring weights"));
         }
-        self.fold_out.resize(n, false);
-        for k in 0..n {
-            self.w[k] = if keep[k] { base.w[k] } else { 0.0 };
-            self.fold_out[k] = !keep[k];
+        self.fold_out.clear();
+        self.fold_out.extend(keep.iter().map(|&b| !b));
+        for ((w, &w0), &inside) in self.w.iter_mut().zip(&base.w).zip(keep) {
+            *w = if inside { w0 } else { 0.0 };
         }
         // Groups: weight, count and G(t_g−) from the fold's events (in row order, as built).
         self.g_weight.fill(0.0);
         self.g_count.fill(0);
         self.g_cens.fill(1.0);
-        for k in 0..n {
-            if keep[k] && self.event[k] {
+        for (k, &inside) in keep.iter().enumerate() {
+            if inside && self.event[k] {
                 let g = base.pos[k] as usize;
                 if self.g_count[g] == 0 {
                     if let Some(c) = censor {
@@ -180,10 +180,10 @@ impl RiskSetModel {
         }
         if self.fg {
             let c = censor.ok_or_else(|| mismatch("censoring weights"))?;
-            for k in 0..n {
+            for (k, &inside) in keep.iter().enumerate() {
                 self.inv_g[k] = 0.0;
                 let s = self.info[k].stratum as usize;
-                if keep[k] && base.competing[k] && first[s] < self.info[k].pos {
+                if inside && base.competing[k] && first[s] < self.info[k].pos {
                     let o = self.input_row[k] as usize;
                     let g = c.g_minus[o];
                     if !(g.is_finite() && g > 0.0) {
@@ -308,7 +308,7 @@ mod tests {
                 let sums = full.fold_event_sums(&base, &fold_of, n_folds);
                 let mut worker = full.clone();
                 let beta: Vec<f64> = (0..p).map(|j| 0.05 * ((j % 7) as f64 - 3.0)).collect();
-                for f in 0..n_folds {
+                for (f, fold_sums) in sums.iter().enumerate() {
                     for test in [false, true] {
                         let keep_input: Vec<bool> = fold_of_input
                             .iter()
@@ -341,7 +341,11 @@ mod tests {
                             g_minus: &g_fold,
                             row_id: &x.rows.row_id,
                         });
-                        let s = if test { &sums[f].test } else { &sums[f].train };
+                        let s = if test {
+                            &fold_sums.test
+                        } else {
+                            &fold_sums.train
+                        };
                         worker.refold(&base, &keep, censor, s).unwrap();
                         let what = format!(
                             "{ties:?} strata={strata} weights={weights} counting={counting} fg={fg} fold={f} test={test}"
