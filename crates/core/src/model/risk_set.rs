@@ -2192,9 +2192,8 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
     bounds.push(k);
     bounds.dedup();
     let n = w.len();
-    let block = |b: usize| -> Vec<f64> {
-        let (a0, a1) = (bounds[b], bounds[b + 1]);
-        let mut m = vec![0.0; (a1 - a0) * k];
+    // Block rows a0..a1 of the result, written in place (no per-block copies to join).
+    let block = |a0: usize, a1: usize, m: &mut [f64]| {
         for (i, &c) in w.iter().enumerate().take(n) {
             let (lo, hi) = rows.range(i);
             if lo == hi || c == 0.0 {
@@ -2221,18 +2220,23 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
                 }
             }
         }
-        m
     };
+    let mut m = vec![0.0; k * k];
     let n_parts = bounds.len() - 1;
-    let parts: Vec<Vec<f64>> = if n_parts == 1 {
-        vec![block(0)]
+    if n_parts == 1 {
+        block(0, k, &mut m);
     } else {
         use rayon::prelude::*;
-        (0..n_parts).into_par_iter().map(block).collect()
-    };
-    let mut m = Vec::with_capacity(k * k);
-    for part in parts {
-        m.extend_from_slice(&part);
+        let mut parts = Vec::with_capacity(n_parts);
+        let mut rest = &mut m[..];
+        for b in 0..n_parts {
+            let (part, r) = rest.split_at_mut((bounds[b + 1] - bounds[b]) * k);
+            rest = r;
+            parts.push((bounds[b], bounds[b + 1], part));
+        }
+        parts
+            .into_par_iter()
+            .for_each(|(a0, a1, part)| block(a0, a1, part));
     }
     m
 }
