@@ -1568,8 +1568,17 @@ impl RiskSetModel {
     /// the columns `cols` in sorted-row order (a counting sort by row). The latest view is
     /// kept: the Newton iterations of a polish round ask for the same columns again.
     fn row_major(&mut self, cols: &[usize]) -> RowMajor {
-        if let Some(rm) = self.row_major_cache.take() {
+        if let Some(mut rm) = self.row_major_cache.take() {
             if rm.cols == cols {
+                return rm;
+            }
+            // A polish round drops the coefficients that reached zero: the view of a
+            // subsequence of the cached columns is the cached one filtered in place (the same
+            // entries in the same order as a fresh counting sort).
+            let ones = cols
+                .iter()
+                .all(|&j| self.cols.get(j).is_none_or(|c| c.vals.is_empty()));
+            if rm.restrict(cols, ones) {
                 return rm;
             }
         }
@@ -2256,6 +2265,48 @@ struct RowMajor {
 }
 
 impl RowMajor {
+    /// Restrict the view to `cols` when they are a subsequence of its columns (`ones`: every
+    /// one of them is a 0/1 column), in place; false (and nothing changed) otherwise.
+    fn restrict(&mut self, cols: &[usize], ones: bool) -> bool {
+        let mut map = vec![u32::MAX; self.cols.len()];
+        let mut next = 0usize;
+        for (a, &j) in self.cols.iter().enumerate() {
+            if next < cols.len() && cols[next] == j {
+                map[a] = next as u32;
+                next += 1;
+            }
+        }
+        if next < cols.len() {
+            return false;
+        }
+        let has_val = !self.val.is_empty();
+        let mut out = 0usize;
+        let mut lo = self.ptr[0] as usize;
+        for i in 0..self.ptr.len() - 1 {
+            let hi = self.ptr[i + 1] as usize;
+            for e in lo..hi {
+                let a = map[self.col[e] as usize];
+                if a != u32::MAX {
+                    self.col[out] = a;
+                    if has_val {
+                        self.val[out] = self.val[e];
+                    }
+                    out += 1;
+                }
+            }
+            lo = hi;
+            self.ptr[i + 1] = out as u32;
+        }
+        self.col.truncate(out);
+        if ones {
+            self.val = Vec::new();
+        } else {
+            self.val.truncate(out);
+        }
+        self.cols = cols.to_vec();
+        true
+    }
+
     fn view(&self) -> SweepRows<'_> {
         SweepRows {
             ptr: &self.ptr,
