@@ -1044,7 +1044,14 @@ mod tests {
     }
 
     /// Cox and Fine–Gray data for the shared-folds tests.
-    fn risk_set_data(fine_gray: bool, strata: u64, counting: bool, seed: u64) -> DesignMatrix {
+    /// `censor`: a supplied `censor_weight` column (Fine–Gray), used by every fold as given.
+    fn risk_set_data(
+        fine_gray: bool,
+        strata: u64,
+        counting: bool,
+        censor: bool,
+        seed: u64,
+    ) -> DesignMatrix {
         use crate::model::risk_set::test_support::{build, random_records, Spec};
         let (mut recs, covs) = random_records(
             Spec {
@@ -1061,6 +1068,9 @@ mod tests {
         for (i, r) in recs.iter_mut().enumerate() {
             if i % 2 == 0 {
                 r.time = r.time.map(|t| t + 0.1 * (i % 5) as f64);
+            }
+            if censor {
+                r.censor_weight = Some(0.3 + 0.1 * (i % 7) as f64);
             }
         }
         build(&recs, &covs)
@@ -1080,15 +1090,16 @@ mod tests {
     #[test]
     fn shared_folds_match_copies() {
         let mut seed = 40;
-        for (kind, ties, strata, counting) in [
-            (ModelKind::Cox, Ties::Breslow, 1, false),
-            (ModelKind::Cox, Ties::Efron, 3, false),
-            (ModelKind::Cox, Ties::Breslow, 2, true),
-            (ModelKind::FineGray, Ties::Breslow, 1, false),
-            (ModelKind::FineGray, Ties::Efron, 2, false),
+        for (kind, ties, strata, counting, censor) in [
+            (ModelKind::Cox, Ties::Breslow, 1, false, false),
+            (ModelKind::Cox, Ties::Efron, 3, false, false),
+            (ModelKind::Cox, Ties::Breslow, 2, true, false),
+            (ModelKind::FineGray, Ties::Breslow, 1, false, false),
+            (ModelKind::FineGray, Ties::Efron, 2, false, false),
+            (ModelKind::FineGray, Ties::Breslow, 2, false, true),
         ] {
             seed += 1;
-            let x = risk_set_data(kind == ModelKind::FineGray, strata, counting, seed);
+            let x = risk_set_data(kind == ModelKind::FineGray, strata, counting, censor, seed);
             let problem = Problem {
                 design: &x,
                 kind,
@@ -1110,8 +1121,9 @@ mod tests {
                     search,
                     ..CvOptions::default()
                 };
-                let what =
-                    format!("{kind:?} {ties:?} strata={strata} counting={counting} {prior:?}");
+                let what = format!(
+                    "{kind:?} {ties:?} strata={strata} counting={counting} censor={censor} {prior:?}"
+                );
                 let (units, n_units) = problem.units(Resampling::Auto);
                 let asg = assign_folds(n_units, 4, 2, 1);
                 assert!(
@@ -1146,7 +1158,7 @@ mod tests {
     #[test]
     fn shared_folds_are_thread_independent() {
         for kind in [ModelKind::Cox, ModelKind::FineGray] {
-            let x = risk_set_data(kind == ModelKind::FineGray, 2, false, 77);
+            let x = risk_set_data(kind == ModelKind::FineGray, 2, false, false, 77);
             let problem = Problem {
                 design: &x,
                 kind,
