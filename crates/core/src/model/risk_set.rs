@@ -1604,17 +1604,35 @@ impl RiskSetModel {
             vec![0.0f64; total]
         };
         let mut fill = ptr.clone();
-        for (a, &j) in cols.iter().enumerate() {
-            if let Some(col) = self.cols.get(j) {
-                for (i, &r) in col.rows.iter().enumerate() {
-                    let at = fill[r as usize] as usize;
+        // In bands of rows whose entries fill about ROW_MAJOR_BAND_ENTRIES (every column's
+        // entries of the band, columns in order), so that the writes stay in cache; a cursor
+        // per column remembers where its next band starts. Each row gets its entries in
+        // column order, as one pass per column would give.
+        let mut cursor = vec![0usize; cols.len()];
+        let mut r0 = 0usize;
+        while r0 < n {
+            let mut r1 = r0 + 1;
+            while r1 < n && (ptr[r1 + 1] - ptr[r0]) as usize <= ROW_MAJOR_BAND_ENTRIES {
+                r1 += 1;
+            }
+            for (a, &j) in cols.iter().enumerate() {
+                let Some(col) = self.cols.get(j) else {
+                    continue;
+                };
+                let mut i = cursor[a];
+                while i < col.rows.len() && (col.rows[i] as usize) < r1 {
+                    let r = col.rows[i] as usize;
+                    let at = fill[r] as usize;
                     col_of[at] = a as u32;
                     if !ones {
                         val[at] = col.value(i);
                     }
-                    fill[r as usize] += 1;
+                    fill[r] += 1;
+                    i += 1;
                 }
+                cursor[a] = i;
             }
+            r0 = r1;
         }
         RowMajor {
             cols: cols.to_vec(),
@@ -2250,6 +2268,8 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
     m
 }
 
+/// Entries of one band of rows of the row-major view (`RiskSetModel::row_major`).
+const ROW_MAJOR_BAND_ENTRIES: usize = 1 << 15;
 /// Most blocks of rows of [`gram_upper`].
 const GRAM_MAX_BLOCKS: usize = 8;
 /// Entries from which [`gram_upper`] runs blocks in parallel.
