@@ -604,8 +604,8 @@ fn cross_validate_with(
         for &(r, f) in &tasks {
             let label = label_of(r, f);
             let fold_of = &shared.fold_of_input[r];
-            let f32 = f as u32;
-            if let Err(e) = check_information_of(problem.kind, x, &|i| fold_of[i] != f32) {
+            let fold = f as u32;
+            if let Err(e) = check_information_of(problem.kind, x, &|i| fold_of[i] != fold) {
                 match e {
                     Error::Empty(why) => {
                         skipped.push(format!("{label}: training set without information ({why})"));
@@ -614,10 +614,11 @@ fn cross_validate_with(
                     e => return Err(Error::FitFailed(format!("cross-validation, {label}: {e}"))),
                 }
             }
-            let test_events = check_information_of(problem.kind, x, &|i| fold_of[i] == f32).is_ok();
+            let test_events =
+                check_information_of(problem.kind, x, &|i| fold_of[i] == fold).is_ok();
             kept.push(SharedFold {
                 rep: r,
-                fold: f32,
+                fold,
                 test_events,
                 beta: vec![0.0; p],
                 label,
