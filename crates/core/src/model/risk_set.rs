@@ -54,6 +54,7 @@
 use std::borrow::Cow;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
+use super::row_blocks::{self, SparseCol};
 use super::Ties;
 use crate::error::{Error, Result};
 
@@ -84,9 +85,19 @@ struct SortedColumn {
     exits: Vec<(u32, u32)>,
     /// Σ over events of w x (constant).
     event_sum: f64,
+    /// First entry of each row block of the blocked passes ([`row_blocks::block_starts`]).
+    blocks: Vec<u32>,
 }
 
 impl SortedColumn {
+    fn view(&self) -> SparseCol<'_> {
+        SparseCol {
+            rows: &self.rows,
+            vals: &self.vals,
+            starts: &self.blocks,
+        }
+    }
+
     #[inline]
     fn value(&self, i: usize) -> f64 {
         if self.vals.is_empty() {
@@ -475,6 +486,7 @@ impl RiskSetModel {
                 }
             }
             col.exits.sort_unstable();
+            col.blocks = row_blocks::block_starts(&col.rows, n);
             col
         };
         // Independent per column, so the result does not depend on the thread count.
@@ -627,14 +639,15 @@ impl RiskSetModel {
         } else {
             self.eta.copy_from_slice(&self.offset);
         }
-        for (col, &b) in self.cols.iter().zip(&self.beta) {
-            if b == 0.0 {
-                continue;
-            }
-            for (i, &k) in col.rows.iter().enumerate() {
-                self.eta[k as usize] += b * col.value(i);
-            }
-        }
+        // η = offset + Σ_j β_j x_j, column after column for each row (in row blocks).
+        let moving: Vec<(SparseCol<'_>, f64)> = self
+            .cols
+            .iter()
+            .zip(&self.beta)
+            .filter(|(_, &b)| b != 0.0)
+            .map(|(c, &b)| (c.view(), b))
+            .collect();
+        row_blocks::add_columns(&mut self.eta, &moving);
         self.f_sum.fill(0.0);
         self.b_sum.fill(0.0);
         self.e0.fill(0.0);
@@ -645,10 +658,20 @@ impl RiskSetModel {
         self.b_start.fill(0.0);
         self.queued = false;
         self.pending_sorted = true;
+        {
+            use rayon::prelude::*;
+            self.info
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .zip(self.w.par_chunks(row_blocks::ROW_BLOCK))
+                .zip(self.eta.par_chunks(row_blocks::ROW_BLOCK))
+                .for_each(|((info, w), eta)| {
+                    for ((row, &w), &eta) in info.iter_mut().zip(w).zip(eta) {
+                        row.we = w * eta.exp();
+                    }
+                });
+        }
         for k in 0..self.eta.len() {
-            let we = self.w[k] * self.eta[k].exp();
-            self.info[k].we = we;
-            self.scatter(k, we);
+            self.scatter(k, self.info[k].we);
         }
         self.refresh();
     }
@@ -1408,32 +1431,15 @@ impl RiskSetModel {
     pub fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let d = self.row_weights();
-        let one = |&j: &usize| -> f64 {
-            let Some(col) = self.cols.get(j) else {
-                return 0.0;
-            };
-            let mut acc = 0.0;
-            if col.vals.is_empty() {
-                for &r in &col.rows {
-                    acc += d[r as usize];
-                }
-            } else {
-                for (&r, &v) in col.rows.iter().zip(&col.vals) {
-                    acc += v * d[r as usize];
-                }
-            }
-            col.event_sum - acc
-        };
-        let entries: usize = cols
+        let views: Vec<Option<SparseCol<'_>>> = cols
             .iter()
-            .map(|&j| self.cols.get(j).map_or(0, |c| c.rows.len()))
-            .sum();
-        if entries >= self.min_chunk.saturating_mul(4) {
-            use rayon::prelude::*;
-            cols.par_iter().map(one).collect()
-        } else {
-            cols.iter().map(one).collect()
-        }
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let sums = row_blocks::gather_sums(&d, &views);
+        cols.iter()
+            .zip(sums)
+            .map(|(&j, acc)| self.cols.get(j).map_or(0.0, |c| c.event_sum - acc))
+            .collect()
     }
 
     /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
@@ -1549,45 +1555,16 @@ impl RiskSetModel {
                 return rm;
             }
         }
-        let n = self.info.len();
-        let mut ptr = vec![0u32; n + 1];
-        let mut ones = true;
-        for &j in cols {
-            if let Some(col) = self.cols.get(j) {
-                ones &= col.vals.is_empty();
-                for &r in &col.rows {
-                    ptr[r as usize + 1] += 1;
-                }
-            }
-        }
-        for i in 0..n {
-            ptr[i + 1] += ptr[i];
-        }
-        let total = ptr[n] as usize;
-        let mut col_of = vec![0u32; total];
-        let mut val = if ones {
-            Vec::new()
-        } else {
-            vec![0.0f64; total]
-        };
-        let mut fill = ptr.clone();
-        for (a, &j) in cols.iter().enumerate() {
-            if let Some(col) = self.cols.get(j) {
-                for (i, &r) in col.rows.iter().enumerate() {
-                    let at = fill[r as usize] as usize;
-                    col_of[at] = a as u32;
-                    if !ones {
-                        val[at] = col.value(i);
-                    }
-                    fill[r as usize] += 1;
-                }
-            }
-        }
+        let views: Vec<Option<SparseCol<'_>>> = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let (ptr, col, val) = row_blocks::row_major(self.info.len(), &views);
         RowMajor {
             cols: cols.to_vec(),
             ptr,
-            col: col_of,
-            val,
+            col,
+            val: val.unwrap_or_default(),
         }
     }
 
