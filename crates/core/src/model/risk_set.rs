@@ -172,6 +172,9 @@ pub struct RiskSetModel {
     pending_sorted: bool,
     /// Something is queued.
     queued: bool,
+    /// The state is exactly what `set_beta(beta)` computes (no `update` since): a repeated
+    /// `set_beta` with the same coefficients has nothing to do.
+    fresh: bool,
     /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
     event_offset_sum: f64,
     // prefix sums over groups (length G + 1)
@@ -542,6 +545,7 @@ impl RiskSetModel {
             b_start: if fg { vec![0.0; n_strata] } else { Vec::new() },
             pending_sorted: true,
             queued: false,
+            fresh: false,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
             pg: if fg {
@@ -630,9 +634,14 @@ impl RiskSetModel {
         self.dirty = true;
     }
 
-    /// Set β and recompute η, w·e and every risk-set sum from scratch.
+    /// Set β and recompute η, w·e and every risk-set sum from scratch (nothing to do when the
+    /// state already is that of `set_beta` at the same β, with no `update` since).
     pub fn set_beta(&mut self, beta: &[f64]) {
         let p = self.cols.len().min(beta.len());
+        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        if self.fresh && same(&self.beta[..p], &beta[..p]) {
+            return;
+        }
         self.beta[..p].copy_from_slice(&beta[..p]);
         if self.offset.is_empty() {
             self.eta.fill(0.0);
@@ -674,6 +683,7 @@ impl RiskSetModel {
             self.scatter(k, self.info[k].we);
         }
         self.refresh();
+        self.fresh = true;
     }
 
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
@@ -956,6 +966,7 @@ impl RiskSetModel {
         if j >= self.cols.len() {
             return;
         }
+        self.fresh = false;
         self.beta[j] += delta;
         // Temporarily take the column out to avoid borrowing self twice.
         let col = std::mem::take(&mut self.cols[j]);
@@ -2808,5 +2819,22 @@ pub mod test_support {
             censor,
             &format!("{what} after second set_beta"),
         );
+        // `set_beta` at the same β again keeps the state; after updates that come back to
+        // β it recomputes it: both bit for bit the state of the set_beta above.
+        let state = |lik: &mut dyn Likelihood| -> Vec<u64> {
+            let mut bits = vec![lik.log_likelihood().to_bits()];
+            for j in 0..p {
+                let (g, h) = lik.gradient_hessian(j);
+                bits.extend([g.to_bits(), h.to_bits()]);
+            }
+            bits
+        };
+        let first = state(lik);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta again");
+        lik.update(0, 0.25);
+        lik.update(0, -0.25);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta after updates");
     }
 }

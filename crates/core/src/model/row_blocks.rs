@@ -20,7 +20,12 @@
 use rayon::prelude::*;
 
 /// Rows per block: 16 Ki rows, 128 KiB of `f64`, well inside a core's L2 cache.
+#[cfg(not(test))]
 pub(crate) const ROW_BLOCK: usize = 1 << 14;
+/// Tiny blocks in the unit tests, so that their small data sets span many blocks (and the
+/// thread-independence tests of the models run the blocks in parallel).
+#[cfg(test)]
+pub(crate) const ROW_BLOCK: usize = 64;
 
 /// Entries per group of columns of [`gather_sums`] run as one parallel task.
 const GATHER_GROUP_ENTRIES: usize = 1 << 16;
@@ -48,6 +53,18 @@ impl SparseCol<'_> {
     #[inline]
     fn block(&self, b: usize) -> (usize, usize) {
         (self.starts[b] as usize, self.starts[b + 1] as usize)
+    }
+
+    /// The rows and values (empty for 0/1 columns) of row block `b`.
+    #[inline]
+    fn block_entries(&self, b: usize) -> (&[u32], &[f64]) {
+        let (lo, hi) = self.block(b);
+        let vals = if self.vals.is_empty() {
+            self.vals
+        } else {
+            &self.vals[lo..hi]
+        };
+        (&self.rows[lo..hi], vals)
     }
 }
 
@@ -124,26 +141,60 @@ pub(crate) fn gather_sums(d: &[f64], cols: &[Option<SparseCol<'_>>]) -> Vec<f64>
         let part = &cols[bounds[g]..bounds[g + 1]];
         let mut sums = vec![0.0f64; part.len()];
         for b in 0..n_blocks(d.len()) {
-            for (c, s) in part.iter().zip(&mut sums) {
-                let Some(c) = c else { continue };
-                let (lo, hi) = c.block(b);
-                let mut acc = *s;
-                if c.vals.is_empty() {
-                    for &r in &c.rows[lo..hi] {
-                        acc += d[r as usize];
+            // Two columns at a time: two independent running sums (each still in its
+            // column's row order) hide the latency of the additions.
+            let mut pairs = part.chunks(2).zip(sums.chunks_mut(2));
+            for (c, s) in &mut pairs {
+                let block = |a: usize| match &c[a] {
+                    Some(c) => c.block_entries(b),
+                    None => (&[][..], &[][..]),
+                };
+                match s {
+                    [s0, s1] => {
+                        let (x0, x1) = (block(0), block(1));
+                        (*s0, *s1) = sum_two(d, x0, x1, *s0, *s1);
                     }
-                } else {
-                    for (&r, &v) in c.rows[lo..hi].iter().zip(&c.vals[lo..hi]) {
-                        acc += v * d[r as usize];
-                    }
+                    [s0] => *s0 = sum_two(d, block(0), (&[], &[]), *s0, 0.0).0,
+                    _ => unreachable!("chunks of at most 2"),
                 }
-                *s = acc;
             }
         }
         sums
     };
     let parts: Vec<Vec<f64>> = (0..bounds.len() - 1).into_par_iter().map(group).collect();
     parts.concat()
+}
+
+/// `acc + Σ v_e d[r_e]` over the entries (r, v) of `x` and of `y` (v = 1 when the values are
+/// empty), each summed in entry order; the two sums are interleaved for instruction-level
+/// parallelism, every addition as in a loop over one of them alone.
+#[inline]
+fn sum_two(
+    d: &[f64],
+    x: (&[u32], &[f64]),
+    y: (&[u32], &[f64]),
+    mut sx: f64,
+    mut sy: f64,
+) -> (f64, f64) {
+    let term = |(rows, vals): (&[u32], &[f64]), e: usize| {
+        if vals.is_empty() {
+            d[rows[e] as usize]
+        } else {
+            vals[e] * d[rows[e] as usize]
+        }
+    };
+    let common = x.0.len().min(y.0.len());
+    for e in 0..common {
+        sx += term(x, e);
+        sy += term(y, e);
+    }
+    for e in common..x.0.len() {
+        sx += term(x, e);
+    }
+    for e in common..y.0.len() {
+        sy += term(y, e);
+    }
+    (sx, sy)
 }
 
 /// The row-major form (CSR) of `cols` over `n` rows: row pointers, the index in `cols` of
@@ -173,31 +224,9 @@ pub(crate) fn row_major(
     for i in 0..n {
         ptr[i + 1] += ptr[i];
     }
-    let total = ptr[n] as usize;
-    let mut col_of = vec![0u32; total];
-    let mut val = if ones { Vec::new() } else { vec![0.0f64; total] };
-    // Each block fills its own entries ptr[r0]..ptr[r1].
-    let mut col_parts: Vec<&mut [u32]> = Vec::with_capacity(nb);
-    let mut val_parts: Vec<&mut [f64]> = Vec::with_capacity(nb);
-    {
-        let (mut rest_c, mut rest_v) = (col_of.as_mut_slice(), val.as_mut_slice());
-        for b in 0..nb {
-            let (e0, e1) = (
-                ptr[b * ROW_BLOCK] as usize,
-                ptr[((b + 1) * ROW_BLOCK).min(n)] as usize,
-            );
-            let (c, rc) = rest_c.split_at_mut(e1 - e0);
-            col_parts.push(c);
-            rest_c = rc;
-            let split = if ones { 0 } else { e1 - e0 };
-            let (v, rv) = rest_v.split_at_mut(split);
-            val_parts.push(v);
-            rest_v = rv;
-        }
-    }
-    col_parts
+    let (mut col_of, mut val) = alloc_entries(ptr[n] as usize, ones);
+    block_parts(&ptr, &mut col_of, &mut val)
         .into_par_iter()
-        .zip(val_parts)
         .enumerate()
         .for_each(|(b, (col_part, val_part))| {
             let r0 = b * ROW_BLOCK;
@@ -217,7 +246,37 @@ pub(crate) fn row_major(
                 }
             }
         });
+    debug_assert_eq!(nb, n_blocks(n));
     (ptr, col_of, (!ones).then_some(val))
+}
+
+/// Zeroed column indices and (unless `ones`) values for `total` entries.
+fn alloc_entries(total: usize, ones: bool) -> (Vec<u32>, Vec<f64>) {
+    let val = if ones { Vec::new() } else { vec![0.0; total] };
+    (vec![0u32; total], val)
+}
+
+/// The entries of each row block (rows `b·ROW_BLOCK ..`, entries `ptr[r0] .. ptr[r1]`) as
+/// disjoint mutable slices of `col` and `val` (`val` empty: empty slices).
+fn block_parts<'a>(
+    ptr: &[u32],
+    col: &'a mut [u32],
+    val: &'a mut [f64],
+) -> Vec<(&'a mut [u32], &'a mut [f64])> {
+    let n = ptr.len() - 1;
+    let ones = val.is_empty();
+    let mut parts = Vec::with_capacity(n_blocks(n));
+    let (mut rest_c, mut rest_v) = (col, val);
+    for b in 0..n_blocks(n) {
+        let e0 = ptr[b * ROW_BLOCK] as usize;
+        let e1 = ptr[((b + 1) * ROW_BLOCK).min(n)] as usize;
+        let (c, rc) = std::mem::take(&mut rest_c).split_at_mut(e1 - e0);
+        let (v, rv) = std::mem::take(&mut rest_v).split_at_mut(if ones { 0 } else { e1 - e0 });
+        parts.push((c, v));
+        rest_c = rc;
+        rest_v = rv;
+    }
+    parts
 }
 
 #[cfg(test)]
@@ -293,7 +352,10 @@ mod tests {
             pool.install(|| {
                 let mut got = vec![0.5; n];
                 add_columns(&mut got, &with_coef);
-                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
                 let sums = gather_sums(&d, &opt);
                 assert!(sums
                     .iter()
