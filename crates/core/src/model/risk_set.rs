@@ -942,20 +942,38 @@ impl RiskSetModel {
                 ll += b * col.event_sum;
             }
         }
+        // log S0 of the untied groups in parallel (blocks of ROW_BLOCK groups), summed below
+        // in group order: the same bits as one loop.
+        let mut log_s0 = vec![0.0; self.g_weight.len()];
+        {
+            use rayon::prelude::*;
+            log_s0
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .enumerate()
+                .for_each(|(b, out)| {
+                    let g0 = b * row_blocks::ROW_BLOCK;
+                    for (o, v) in out.iter_mut().enumerate() {
+                        let g = g0 + o;
+                        if !(self.any_efron && self.efron_group[g]) {
+                            *v = self.s0(g).ln();
+                        }
+                    }
+                });
+        }
         for g in 0..self.g_weight.len() {
             let wg = self.g_weight[g];
             if wg == 0.0 {
                 continue;
             }
-            let s0 = self.s0(g);
             if self.any_efron && self.efron_group[g] {
+                let s0 = self.s0(g);
                 let d = self.g_count[g];
                 let wbar = wg / d as f64;
                 for l in 0..d {
                     ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
                 }
             } else {
-                ll -= wg * s0.ln();
+                ll -= wg * log_s0[g];
             }
         }
         ll
@@ -1453,31 +1471,40 @@ impl RiskSetModel {
             .collect()
     }
 
-    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
+    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state, each
+    /// row's on its own (row blocks in parallel).
     fn row_weights(&self) -> Vec<f64> {
+        use rayon::prelude::*;
         let mut d = vec![0.0; self.info.len()];
-        for &s in &self.active_strata {
-            let s = s as usize;
-            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
-            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
-            for (i, out) in d.iter_mut().enumerate().take(rb).skip(ra) {
-                let RowInfo { we, pos, .. } = self.info[i];
-                let p = pos as usize;
-                let exit = if self.counting {
-                    (self.exit[i] as usize).min(gb)
-                } else {
-                    gb
-                };
-                let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
-                if self.fg && self.inv_g[i] != 0.0 {
-                    w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+        d.par_chunks_mut(row_blocks::ROW_BLOCK)
+            .enumerate()
+            .for_each(|(b, block)| {
+                let r0 = b * row_blocks::ROW_BLOCK;
+                for (o, out) in block.iter_mut().enumerate() {
+                    let i = r0 + o;
+                    let RowInfo { we, pos, stratum } = self.info[i];
+                    let s = stratum as usize;
+                    let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+                    if ga == gb {
+                        // A stratum without events: in no risk set.
+                        continue;
+                    }
+                    let p = pos as usize;
+                    let exit = if self.counting {
+                        (self.exit[i] as usize).min(gb)
+                    } else {
+                        gb
+                    };
+                    let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
+                    if self.fg && self.inv_g[i] != 0.0 {
+                        w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+                    }
+                    if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
+                        w -= self.eu[p];
+                    }
+                    *out = we * w;
                 }
-                if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
-                    w -= self.eu[p];
-                }
-                *out = we * w;
-            }
-        }
+            });
         d
     }
 
