@@ -960,7 +960,7 @@ impl RiskSetModel {
                     }
                 });
         }
-        for g in 0..self.g_weight.len() {
+        for (g, &log_s0) in log_s0.iter().enumerate() {
             let wg = self.g_weight[g];
             if wg == 0.0 {
                 continue;
@@ -973,7 +973,7 @@ impl RiskSetModel {
                     ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
                 }
             } else {
-                ll -= wg * log_s0[g];
+                ll -= wg * log_s0;
             }
         }
         ll
