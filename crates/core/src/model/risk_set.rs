@@ -49,7 +49,10 @@
 //! starting values are added when the chunks are combined, in order), and the refresh pass
 //! into a fixed number of group chunks that depends only on G. Rayon runs the chunks in
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
-//! threads.
+//! threads. The passes over many columns at once (η in `set_beta`, the batched gradients, the
+//! row-major view of an information request) and the per-row and per-group element-wise
+//! passes run over fixed blocks of rows ([`super::row_blocks`]), each element computed by the
+//! same operations in the same order as in one sequential loop.
 
 use std::borrow::Cow;
 
