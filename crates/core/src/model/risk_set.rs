@@ -51,7 +51,7 @@
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
 //! threads. The passes over many columns at once (η in `set_beta`, the batched gradients, the
 //! row-major view of an information request) and the per-row and per-group element-wise
-//! passes run over fixed blocks of rows ([`super::row_blocks`]), each element computed by the
+//! passes run over fixed blocks of rows (`model/row_blocks.rs`), each element computed by the
 //! same operations in the same order as in one sequential loop.
 
 use std::borrow::Cow;
