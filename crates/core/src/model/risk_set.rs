@@ -49,12 +49,16 @@
 //! starting values are added when the chunks are combined, in order), and the refresh pass
 //! into a fixed number of group chunks that depends only on G. Rayon runs the chunks in
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
-//! threads.
+//! threads. The passes over many columns at once (η in `set_beta`, the batched gradients, the
+//! row-major view of an information request) and the per-row and per-group element-wise
+//! passes run over fixed blocks of rows (`model/row_blocks.rs`), each element computed by the
+//! same operations in the same order as in one sequential loop.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
+use super::row_blocks::{self, SparseCol};
 use super::Ties;
 use crate::error::{Error, Result};
 
@@ -86,9 +90,19 @@ struct SortedColumn {
     vals: Vec<f64>,
     /// Counting-process exits: (exit position, entry index) sorted by position.
     exits: Vec<(u32, u32)>,
+    /// First entry of each row block of the blocked passes ([`row_blocks::block_starts`]).
+    blocks: Vec<u32>,
 }
 
 impl SortedColumn {
+    fn view(&self) -> SparseCol<'_> {
+        SparseCol {
+            rows: &self.rows,
+            vals: &self.vals,
+            starts: &self.blocks,
+        }
+    }
+
     #[inline]
     fn value(&self, i: usize) -> f64 {
         if self.vals.is_empty() {
@@ -173,6 +187,9 @@ pub struct RiskSetModel {
     pending_sorted: bool,
     /// Something is queued.
     queued: bool,
+    /// The state is exactly what `set_beta(beta)` computes (no `update` since): a repeated
+    /// `set_beta` with the same coefficients has nothing to do.
+    fresh: bool,
     /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
     event_offset_sum: f64,
     // prefix sums over groups (length G + 1)
@@ -483,6 +500,7 @@ impl RiskSetModel {
                 }
             }
             col.exits.sort_unstable();
+            col.blocks = row_blocks::block_starts(&col.rows, n);
             col
         };
         // Independent per column, so the result does not depend on the thread count.
@@ -554,6 +572,7 @@ impl RiskSetModel {
             b_start: if fg { vec![0.0; n_strata] } else { Vec::new() },
             pending_sorted: true,
             queued: false,
+            fresh: false,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
             pg: if fg {
@@ -642,23 +661,29 @@ impl RiskSetModel {
         self.dirty = true;
     }
 
-    /// Set β and recompute η, w·e and every risk-set sum from scratch.
+    /// Set β and recompute η, w·e and every risk-set sum from scratch (nothing to do when the
+    /// state already is that of `set_beta` at the same β, with no `update` since).
     pub fn set_beta(&mut self, beta: &[f64]) {
         let p = self.cols.len().min(beta.len());
+        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        if self.fresh && same(&self.beta[..p], &beta[..p]) {
+            return;
+        }
         self.beta[..p].copy_from_slice(&beta[..p]);
         if self.offset.is_empty() {
             self.eta.fill(0.0);
         } else {
             self.eta.copy_from_slice(&self.offset);
         }
-        for (col, &b) in self.cols.iter().zip(&self.beta) {
-            if b == 0.0 {
-                continue;
-            }
-            for (i, &k) in col.rows.iter().enumerate() {
-                self.eta[k as usize] += b * col.value(i);
-            }
-        }
+        // η = offset + Σ_j β_j x_j, column after column for each row (in row blocks).
+        let moving: Vec<(SparseCol<'_>, f64)> = self
+            .cols
+            .iter()
+            .zip(&self.beta)
+            .filter(|(_, &b)| b != 0.0)
+            .map(|(c, &b)| (c.view(), b))
+            .collect();
+        row_blocks::add_columns(&mut self.eta, &moving);
         self.f_sum.fill(0.0);
         self.b_sum.fill(0.0);
         self.e0.fill(0.0);
@@ -669,12 +694,23 @@ impl RiskSetModel {
         self.b_start.fill(0.0);
         self.queued = false;
         self.pending_sorted = true;
+        {
+            use rayon::prelude::*;
+            self.info
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .zip(self.w.par_chunks(row_blocks::ROW_BLOCK))
+                .zip(self.eta.par_chunks(row_blocks::ROW_BLOCK))
+                .for_each(|((info, w), eta)| {
+                    for ((row, &w), &eta) in info.iter_mut().zip(w).zip(eta) {
+                        row.we = w * eta.exp();
+                    }
+                });
+        }
         for k in 0..self.eta.len() {
-            let we = self.w[k] * self.eta[k].exp();
-            self.info[k].we = we;
-            self.scatter(k, we);
+            self.scatter(k, self.info[k].we);
         }
         self.refresh();
+        self.fresh = true;
     }
 
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
@@ -933,20 +969,38 @@ impl RiskSetModel {
                 ll += b * sum;
             }
         }
-        for g in 0..self.g_weight.len() {
+        // log S0 of the untied groups in parallel (blocks of ROW_BLOCK groups), summed below
+        // in group order: the same bits as one loop.
+        let mut log_s0 = vec![0.0; self.g_weight.len()];
+        {
+            use rayon::prelude::*;
+            log_s0
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .enumerate()
+                .for_each(|(b, out)| {
+                    let g0 = b * row_blocks::ROW_BLOCK;
+                    for (o, v) in out.iter_mut().enumerate() {
+                        let g = g0 + o;
+                        if !(self.any_efron && self.efron_group[g]) {
+                            *v = self.s0(g).ln();
+                        }
+                    }
+                });
+        }
+        for (g, &log_s0) in log_s0.iter().enumerate() {
             let wg = self.g_weight[g];
             if wg == 0.0 {
                 continue;
             }
-            let s0 = self.s0(g);
             if self.any_efron && self.efron_group[g] {
+                let s0 = self.s0(g);
                 let d = self.g_count[g];
                 let wbar = wg / d as f64;
                 for l in 0..d {
                     ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
                 }
             } else {
-                ll -= wg * s0.ln();
+                ll -= wg * log_s0;
             }
         }
         ll
@@ -957,6 +1011,7 @@ impl RiskSetModel {
         if j >= self.cols.len() {
             return;
         }
+        self.fresh = false;
         self.beta[j] += delta;
         // A handle on the shared columns, to avoid borrowing self twice.
         let cols = Arc::clone(&self.cols);
@@ -1432,59 +1487,51 @@ impl RiskSetModel {
     pub fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let d = self.row_weights();
-        let one = |&j: &usize| -> f64 {
-            let Some(col) = self.cols.get(j) else {
-                return 0.0;
-            };
-            let mut acc = 0.0;
-            if col.vals.is_empty() {
-                for &r in &col.rows {
-                    acc += d[r as usize];
-                }
-            } else {
-                for (&r, &v) in col.rows.iter().zip(&col.vals) {
-                    acc += v * d[r as usize];
-                }
-            }
-            self.event_sum[j] - acc
-        };
-        let entries: usize = cols
+        let views: Vec<Option<SparseCol<'_>>> = cols
             .iter()
-            .map(|&j| self.cols.get(j).map_or(0, |c| c.rows.len()))
-            .sum();
-        if entries >= self.min_chunk.saturating_mul(4) {
-            use rayon::prelude::*;
-            cols.par_iter().map(one).collect()
-        } else {
-            cols.iter().map(one).collect()
-        }
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let sums = row_blocks::gather_sums(&d, &views);
+        cols.iter()
+            .zip(sums)
+            .map(|(&j, acc)| self.event_sum.get(j).map_or(0.0, |&e| e - acc))
+            .collect()
     }
 
-    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
+    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state, each
+    /// row's on its own (row blocks in parallel).
     fn row_weights(&self) -> Vec<f64> {
+        use rayon::prelude::*;
         let mut d = vec![0.0; self.info.len()];
-        for &s in &self.active_strata {
-            let s = s as usize;
-            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
-            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
-            for (i, out) in d.iter_mut().enumerate().take(rb).skip(ra) {
-                let RowInfo { we, pos, .. } = self.info[i];
-                let p = pos as usize;
-                let exit = if self.counting {
-                    (self.exit[i] as usize).min(gb)
-                } else {
-                    gb
-                };
-                let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
-                if self.fg && self.inv_g[i] != 0.0 {
-                    w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+        d.par_chunks_mut(row_blocks::ROW_BLOCK)
+            .enumerate()
+            .for_each(|(b, block)| {
+                let r0 = b * row_blocks::ROW_BLOCK;
+                for (o, out) in block.iter_mut().enumerate() {
+                    let i = r0 + o;
+                    let RowInfo { we, pos, stratum } = self.info[i];
+                    let s = stratum as usize;
+                    let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+                    if ga == gb {
+                        // A stratum without events: in no risk set.
+                        continue;
+                    }
+                    let p = pos as usize;
+                    let exit = if self.counting {
+                        (self.exit[i] as usize).min(gb)
+                    } else {
+                        gb
+                    };
+                    let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
+                    if self.fg && self.inv_g[i] != 0.0 {
+                        w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+                    }
+                    if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
+                        w -= self.eu[p];
+                    }
+                    *out = we * w;
                 }
-                if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
-                    w -= self.eu[p];
-                }
-                *out = we * w;
-            }
-        }
+            });
         d
     }
 
@@ -1582,63 +1629,16 @@ impl RiskSetModel {
                 return rm;
             }
         }
-        let n = self.info.len();
-        let mut ptr = vec![0u32; n + 1];
-        let mut ones = true;
-        for &j in cols {
-            if let Some(col) = self.cols.get(j) {
-                ones &= col.vals.is_empty();
-                for &r in &col.rows {
-                    ptr[r as usize + 1] += 1;
-                }
-            }
-        }
-        for i in 0..n {
-            ptr[i + 1] += ptr[i];
-        }
-        let total = ptr[n] as usize;
-        let mut col_of = vec![0u32; total];
-        let mut val = if ones {
-            Vec::new()
-        } else {
-            vec![0.0f64; total]
-        };
-        let mut fill = ptr.clone();
-        // In bands of rows whose entries fill about ROW_MAJOR_BAND_ENTRIES (every column's
-        // entries of the band, columns in order), so that the writes stay in cache; a cursor
-        // per column remembers where its next band starts. Each row gets its entries in
-        // column order, as one pass per column would give.
-        let mut cursor = vec![0usize; cols.len()];
-        let mut r0 = 0usize;
-        while r0 < n {
-            let mut r1 = r0 + 1;
-            while r1 < n && (ptr[r1 + 1] - ptr[r0]) as usize <= ROW_MAJOR_BAND_ENTRIES {
-                r1 += 1;
-            }
-            for (a, &j) in cols.iter().enumerate() {
-                let Some(col) = self.cols.get(j) else {
-                    continue;
-                };
-                let mut i = cursor[a];
-                while i < col.rows.len() && (col.rows[i] as usize) < r1 {
-                    let r = col.rows[i] as usize;
-                    let at = fill[r] as usize;
-                    col_of[at] = a as u32;
-                    if !ones {
-                        val[at] = col.value(i);
-                    }
-                    fill[r] += 1;
-                    i += 1;
-                }
-                cursor[a] = i;
-            }
-            r0 = r1;
-        }
+        let views: Vec<Option<SparseCol<'_>>> = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let (ptr, col, val) = row_blocks::row_major(self.info.len(), &views);
         RowMajor {
             cols: cols.to_vec(),
             ptr,
-            col: col_of,
-            val,
+            col,
+            val: val.unwrap_or_default(),
         }
     }
 
@@ -2268,8 +2268,6 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
     m
 }
 
-/// Entries of one band of rows of the row-major view (`RiskSetModel::row_major`).
-const ROW_MAJOR_BAND_ENTRIES: usize = 1 << 15;
 /// Most blocks of rows of [`gram_upper`].
 const GRAM_MAX_BLOCKS: usize = 8;
 /// Entries from which [`gram_upper`] runs blocks in parallel.
@@ -2935,5 +2933,22 @@ pub mod test_support {
             censor,
             &format!("{what} after second set_beta"),
         );
+        // `set_beta` at the same β again keeps the state; after updates that come back to
+        // β it recomputes it: both bit for bit the state of the set_beta above.
+        let state = |lik: &mut dyn Likelihood| -> Vec<u64> {
+            let mut bits = vec![lik.log_likelihood().to_bits()];
+            for j in 0..p {
+                let (g, h) = lik.gradient_hessian(j);
+                bits.extend([g.to_bits(), h.to_bits()]);
+            }
+            bits
+        };
+        let first = state(lik);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta again");
+        lik.update(0, 0.25);
+        lik.update(0, -0.25);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta after updates");
     }
 }

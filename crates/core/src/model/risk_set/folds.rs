@@ -137,6 +137,8 @@ impl RiskSetModel {
         if self.fg && censor.is_none() {
             return Err(mismatch("censoring weights"));
         }
+        // Every quantity set_beta derives changes with the selection.
+        self.fresh = false;
         self.fold_out.clear();
         self.fold_out.extend(keep.iter().map(|&b| !b));
         for ((w, &w0), &inside) in self.w.iter_mut().zip(&base.w).zip(keep) {
