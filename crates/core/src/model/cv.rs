@@ -29,20 +29,31 @@
 //! [`CvResult::empty_test_folds`]. When every fold is skipped cross-validation fails with a
 //! clear error.
 //!
-//! **Warm starts and reproducibility.** Each fold keeps its likelihood (one copy of its rows, so
-//! memory is about k copies of the design) and its last β, which starts the next candidate's fit.
-//! Folds run in parallel (rayon); each fold's computation is sequential in candidate order and
-//! the likelihoods' own parallel sums use data-determined chunks, so **results are bit-identical
-//! whatever the thread count** (Cyclops issue #56).
+//! **Memory: folds as row selections.** For Cox and Fine–Gray one risk-set model is built on
+//! every row and a fold is a selection of its rows ([`crate::model::risk_set::FoldBase`]: the
+//! rows left out get weight 0; the groups, entry positions, ties, censoring weights and event
+//! sums are rebuilt for the selection, as in a copy of the fold's rows). The sorted columns are
+//! shared, so k folds cost one structure plus one row state per worker thread, not k copies of
+//! the data; each fold's training and held-out likelihoods are the same worker, selected in
+//! turn. The other models keep one likelihood per fold (a copy of its rows, about k copies of
+//! the design).
+//!
+//! **Warm starts and reproducibility.** Each fold keeps its last β, which starts the next
+//! candidate's fit. Folds run in parallel (rayon); each fold's computation is sequential in
+//! candidate order, starts from a state rebuilt from scratch, and the likelihoods' own parallel
+//! sums use data-determined chunks, so **results are bit-identical whatever the thread count**
+//! (Cyclops issue #56).
 
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use super::ccd::{self, CcdOptions, FitStatus};
-use super::degenerate::check_information;
+use super::censoring::censoring_weights;
+use super::degenerate::{check_information, check_information_of};
 use super::design::{DesignMatrix, INTERCEPT_ID};
 use super::prior::{Prior, PriorSet};
+use super::risk_set::{FoldBase, FoldCensor, FoldSums, RiskSetKind, RiskSetModel};
 use super::rng::Rng;
 use super::{cpu_likelihood_owned, Likelihood, LikelihoodOptions, ModelKind};
 use crate::error::{Error, Result};
@@ -348,6 +359,7 @@ pub fn assign_folds(n_units: usize, folds: usize, repetitions: usize, seed: u64)
         .collect()
 }
 
+/// One fold of the copies path: its own training and held-out likelihoods.
 struct FoldState {
     train: Box<dyn Likelihood>,
     /// `None`: the held-out rows have no event (held-out log-likelihood 0).
@@ -356,8 +368,199 @@ struct FoldState {
     label: String,
 }
 
+/// One fold of the shared path (a row selection of the shared model).
+struct SharedFold {
+    rep: usize,
+    fold: u32,
+    /// The held-out rows have an event (else the held-out log-likelihood is 0).
+    test_events: bool,
+    beta: Vec<f64>,
+    label: String,
+}
+
+/// How the folds' likelihoods are held (module docs).
+enum Folds {
+    /// One likelihood per fold side (copies of the rows).
+    Copies(Vec<FoldState>),
+    /// Row selections of one risk-set model, one worker per thread.
+    Shared {
+        shared: SharedFolds,
+        workers: Vec<FoldModel>,
+        folds: Vec<SharedFold>,
+    },
+}
+
+/// The fold of every row (by its unit) for repetition `r`.
+fn fold_of_rows(assignment: &[Vec<u32>], unit_of_row: &[u32], r: usize) -> Vec<u32> {
+    unit_of_row
+        .iter()
+        .map(|&u| assignment[r][u as usize])
+        .collect()
+}
+
+/// A fold's new β and held-out log-likelihood at one candidate.
+type FoldOutcome = Result<(Vec<f64>, f64)>;
+
+/// A fold worker: the shared risk-set model as a [`Likelihood`].
+#[derive(Debug, Clone)]
+struct FoldModel(RiskSetModel);
+
+delegate_likelihood!(FoldModel, 0);
+
+/// Cox and Fine–Gray folds as row selections of one model on every row.
+struct SharedFolds {
+    kind: ModelKind,
+    base: FoldBase,
+    /// Fold of every input row, per repetition.
+    fold_of_input: Vec<Vec<u32>>,
+    /// Fold of every sorted row, per repetition.
+    fold_of_sorted: Vec<Vec<u32>>,
+    /// The events' column sums per repetition and fold.
+    sums: Vec<Vec<FoldSums>>,
+}
+
+impl SharedFolds {
+    /// The model on every row and the fold plan; `None` when the model is not a risk-set
+    /// model or cannot be built on all rows (the copies path then reports per fold).
+    fn new(
+        problem: &Problem<'_>,
+        assignment: &[Vec<u32>],
+        unit_of_row: &[u32],
+        folds: usize,
+    ) -> Option<(Self, FoldModel)> {
+        let x = problem.design;
+        let rk = match problem.kind {
+            ModelKind::Cox => RiskSetKind::Cox,
+            ModelKind::FineGray => RiskSetKind::FineGray,
+            _ => return None,
+        };
+        if problem.kind.has_intercept() || problem.kind.check_rows(x).is_err() {
+            return None;
+        }
+        let computed;
+        let censor = match (rk, &x.rows.censor_weight) {
+            (RiskSetKind::Cox, _) => None,
+            (_, Some(c)) => Some(&c[..]),
+            (_, None) => {
+                computed = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
+                Some(&computed[..])
+            }
+        };
+        let model = RiskSetModel::new(x, problem.lik.ties, rk, censor).ok()?;
+        let base = model.fold_base();
+        let fold_of_input: Vec<Vec<u32>> = (0..assignment.len())
+            .map(|r| fold_of_rows(assignment, unit_of_row, r))
+            .collect();
+        let fold_of_sorted: Vec<Vec<u32>> = fold_of_input
+            .iter()
+            .map(|f| model.input_rows().iter().map(|&o| f[o as usize]).collect())
+            .collect();
+        let sums = fold_of_sorted
+            .iter()
+            .map(|f| model.fold_event_sums(&base, f, folds))
+            .collect();
+        Some((
+            SharedFolds {
+                kind: problem.kind,
+                base,
+                fold_of_input,
+                fold_of_sorted,
+                sums,
+            },
+            FoldModel(model),
+        ))
+    }
+
+    /// Select fold `s`'s training rows (`test` false) or held-out rows in `lik`.
+    fn select(
+        &self,
+        x: &DesignMatrix,
+        lik: &mut FoldModel,
+        s: &SharedFold,
+        test: bool,
+    ) -> Result<()> {
+        let keep: Vec<bool> = self.fold_of_sorted[s.rep]
+            .iter()
+            .map(|&f| (f == s.fold) == test)
+            .collect();
+        let computed;
+        let censor = match (self.kind, &x.rows.censor_weight) {
+            (ModelKind::FineGray, Some(c)) => Some(&c[..]),
+            (ModelKind::FineGray, None) => {
+                computed = fold_censoring(x, &self.fold_of_input[s.rep], s.fold, test);
+                Some(&computed[..])
+            }
+            _ => None,
+        };
+        let censor = censor.map(|g_minus| FoldCensor {
+            g_minus,
+            row_id: &x.rows.row_id,
+        });
+        let sums = &self.sums[s.rep][s.fold as usize];
+        let event_sum = if test { &sums.test } else { &sums.train };
+        lik.0.refold(&self.base, &keep, censor, event_sum)
+    }
+}
+
+/// G(T−) of the rows of fold `fold` (`test`) or of the other folds, computed from those rows
+/// alone (as a copy of them would), by input row (1 elsewhere).
+fn fold_censoring(x: &DesignMatrix, fold_of: &[u32], fold: u32, test: bool) -> Vec<f64> {
+    let rows: Vec<usize> = (0..x.n_rows())
+        .filter(|&i| (fold_of[i] == fold) == test)
+        .collect();
+    let pick = |v: &[f64]| -> Vec<f64> { rows.iter().map(|&i| v[i]).collect() };
+    let stratum: Vec<u32> = rows.iter().map(|&i| x.rows.stratum[i]).collect();
+    let g = censoring_weights(&pick(&x.rows.time), &pick(&x.rows.y), &stratum);
+    let mut out = vec![1.0; x.n_rows()];
+    for (&i, &v) in rows.iter().zip(&g) {
+        out[i] = v;
+    }
+    out
+}
+
+/// Fit fold `label`'s training likelihood at variance `v` from `beta0`.
+fn fit_fold(
+    problem: &Problem<'_>,
+    priors: &PriorSet,
+    v: f64,
+    label: &str,
+    train: &mut dyn Likelihood,
+    beta0: &[f64],
+) -> Result<Vec<f64>> {
+    let r = ccd::fit(train, priors, beta0, problem.fixed_mask(), &problem.ccd)?;
+    if r.status == FitStatus::IllConditioned {
+        return Err(Error::FitFailed(format!(
+            "cross-validation, {label}: the fit at variance {v} is ill-conditioned"
+        )));
+    }
+    Ok(r.beta)
+}
+
+/// The held-out log-likelihood of fold `label` at `beta`.
+fn held_out(label: &str, v: f64, test: &mut dyn Likelihood, beta: &[f64]) -> Result<f64> {
+    test.set_beta(beta);
+    let ll = test.log_likelihood();
+    if !ll.is_finite() {
+        return Err(Error::FitFailed(format!(
+            "cross-validation, {label}: held-out log-likelihood at variance {v} is {ll}"
+        )));
+    }
+    Ok(ll)
+}
+
 /// Choose the prior variance of `prior`'s family by cross-validation.
 pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> Result<CvResult> {
+    cross_validate_with(problem, prior, opts, true)
+}
+
+/// [`cross_validate`]; `share` false keeps one likelihood per fold for every model (the
+/// reference the shared path is tested against).
+fn cross_validate_with(
+    problem: &Problem<'_>,
+    prior: Prior,
+    opts: &CvOptions,
+    share: bool,
+) -> Result<CvResult> {
     opts.check()?;
     problem.ccd.check()?;
     if prior == Prior::None {
@@ -388,92 +591,180 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
     let tasks: Vec<(usize, usize)> = (0..opts.repetitions)
         .flat_map(|r| (0..opts.folds).map(move |f| (r, f)))
         .collect();
-    let built: Vec<std::result::Result<FoldState, String>> = tasks
-        .par_iter()
-        .map(|&(r, f)| {
-            let label = format!("fold {} of repetition {}", f + 1, r + 1);
-            let fold = &assignment[r];
-            let (mut train, mut test) = (Vec::new(), Vec::new());
-            for (i, &u) in unit_of_row.iter().enumerate() {
-                if fold[u as usize] as usize == f {
-                    test.push(i as u32);
-                } else {
-                    train.push(i as u32);
+    let label_of = |r: usize, f: usize| format!("fold {} of repetition {}", f + 1, r + 1);
+    let mut skipped = Vec::new();
+    let shared = if share {
+        SharedFolds::new(problem, &assignment, &unit_of_row, opts.folds)
+    } else {
+        None
+    };
+    let mut folds = if let Some((shared, model)) = shared {
+        let x = problem.design;
+        let mut kept = Vec::new();
+        for &(r, f) in &tasks {
+            let label = label_of(r, f);
+            let fold_of = &shared.fold_of_input[r];
+            let fold = f as u32;
+            if let Err(e) = check_information_of(problem.kind, x, &|i| fold_of[i] != fold) {
+                match e {
+                    Error::Empty(why) => {
+                        skipped.push(format!("{label}: training set without information ({why})"));
+                        continue;
+                    }
+                    e => return Err(Error::FitFailed(format!("cross-validation, {label}: {e}"))),
                 }
             }
-            let wrap = |e: Error| Error::FitFailed(format!("cross-validation, {label}: {e}"));
-            let train = match problem.likelihood_on(&train, None) {
-                Ok(l) => l,
-                Err(Error::Empty(why)) => {
-                    return Ok(Err(format!(
-                        "{label}: training set without information ({why})"
-                    )))
-                }
-                Err(e) => return Err(wrap(e)),
-            };
-            let test = match problem.likelihood_on(&test, None) {
-                Ok(l) => Some(l),
-                Err(Error::Empty(_)) => None,
-                Err(e) => return Err(wrap(e)),
-            };
-            Ok(Ok(FoldState {
-                train,
-                test,
+            let test_events =
+                check_information_of(problem.kind, x, &|i| fold_of[i] == fold).is_ok();
+            kept.push(SharedFold {
+                rep: r,
+                fold,
+                test_events,
                 beta: vec![0.0; p],
                 label,
-            }))
-        })
-        .collect::<Result<_>>()?;
-    let mut skipped = Vec::new();
-    let mut states: Vec<FoldState> = Vec::with_capacity(built.len());
-    for b in built {
-        match b {
-            Ok(s) => states.push(s),
-            Err(why) => skipped.push(why),
+            });
         }
-    }
-    if states.is_empty() {
+        let n_workers = rayon::current_num_threads().clamp(1, kept.len().max(1));
+        let mut workers = Vec::with_capacity(n_workers);
+        for _ in 1..n_workers {
+            workers.push(model.clone());
+        }
+        workers.push(model);
+        Folds::Shared {
+            shared,
+            workers,
+            folds: kept,
+        }
+    } else {
+        let built: Vec<std::result::Result<FoldState, String>> = tasks
+            .par_iter()
+            .map(|&(r, f)| {
+                let label = label_of(r, f);
+                let fold = &assignment[r];
+                let (mut train, mut test) = (Vec::new(), Vec::new());
+                for (i, &u) in unit_of_row.iter().enumerate() {
+                    if fold[u as usize] as usize == f {
+                        test.push(i as u32);
+                    } else {
+                        train.push(i as u32);
+                    }
+                }
+                let wrap = |e: Error| Error::FitFailed(format!("cross-validation, {label}: {e}"));
+                let train = match problem.likelihood_on(&train, None) {
+                    Ok(l) => l,
+                    Err(Error::Empty(why)) => {
+                        return Ok(Err(format!(
+                            "{label}: training set without information ({why})"
+                        )))
+                    }
+                    Err(e) => return Err(wrap(e)),
+                };
+                let test = match problem.likelihood_on(&test, None) {
+                    Ok(l) => Some(l),
+                    Err(Error::Empty(_)) => None,
+                    Err(e) => return Err(wrap(e)),
+                };
+                Ok(Ok(FoldState {
+                    train,
+                    test,
+                    beta: vec![0.0; p],
+                    label,
+                }))
+            })
+            .collect::<Result<_>>()?;
+        let mut states: Vec<FoldState> = Vec::with_capacity(built.len());
+        for b in built {
+            match b {
+                Ok(s) => states.push(s),
+                Err(why) => skipped.push(why),
+            }
+        }
+        Folds::Copies(states)
+    };
+    let (n_kept, empty_test_folds) = match &folds {
+        Folds::Copies(states) => (
+            states.len(),
+            states.iter().filter(|s| s.test.is_none()).count(),
+        ),
+        Folds::Shared { folds, .. } => {
+            (folds.len(), folds.iter().filter(|s| !s.test_events).count())
+        }
+    };
+    if n_kept == 0 {
         return Err(Error::FitFailed(format!(
             "cross-validation: all {} folds were skipped ({})",
             tasks.len(),
             skipped.join("; ")
         )));
     }
-    let empty_test_folds = states.iter().filter(|s| s.test.is_none()).count();
     let mut fits = 0usize;
-    let mut evaluate = |v: f64, step: usize, states: &mut Vec<FoldState>| -> Result<CvPoint> {
+    let mut evaluate = |v: f64, step: usize, folds: &mut Folds| -> Result<CvPoint> {
         let priors = problem.priors(prior.with_variance(v));
-        let lls: Vec<f64> = states
-            .par_iter_mut()
-            .map(|s| {
-                let r = ccd::fit(
-                    s.train.as_mut(),
-                    &priors,
-                    &s.beta,
-                    problem.fixed_mask(),
-                    &problem.ccd,
-                )?;
-                if r.status == FitStatus::IllConditioned {
-                    return Err(Error::FitFailed(format!(
-                        "cross-validation, {}: the fit at variance {v} is ill-conditioned",
-                        s.label
-                    )));
+        let lls: Vec<f64> = match folds {
+            Folds::Copies(states) => states
+                .par_iter_mut()
+                .map(|s| {
+                    s.beta = fit_fold(problem, &priors, v, &s.label, s.train.as_mut(), &s.beta)?;
+                    match s.test.as_mut() {
+                        Some(test) => held_out(&s.label, v, test.as_mut(), &s.beta),
+                        None => Ok(0.0),
+                    }
+                })
+                .collect::<Result<_>>()?,
+            Folds::Shared {
+                shared,
+                workers,
+                folds,
+            } => {
+                // Worker w takes folds w, w + W, …; every fold starts from a state rebuilt
+                // from scratch, so which worker runs it does not matter.
+                let n_workers = workers.len();
+                let x = problem.design;
+                let folds_ro: &[SharedFold] = folds;
+                let shared_ro: &SharedFolds = shared;
+                let priors = &priors;
+                let outs: Vec<Vec<(usize, FoldOutcome)>> = workers
+                    .par_iter_mut()
+                    .enumerate()
+                    .map(|(w, lik)| {
+                        (w..folds_ro.len())
+                            .step_by(n_workers)
+                            .map(|i| {
+                                let s = &folds_ro[i];
+                                let mut run = || -> Result<(Vec<f64>, f64)> {
+                                    shared_ro.select(x, lik, s, false)?;
+                                    let beta =
+                                        fit_fold(problem, priors, v, &s.label, lik, &s.beta)?;
+                                    if !s.test_events {
+                                        return Ok((beta, 0.0));
+                                    }
+                                    shared_ro.select(x, lik, s, true)?;
+                                    let ll = held_out(&s.label, v, lik, &beta)?;
+                                    Ok((beta, ll))
+                                };
+                                let wrap = |e: Error| match e {
+                                    Error::FitFailed(m) => Error::FitFailed(m),
+                                    e => Error::FitFailed(format!(
+                                        "cross-validation, {}: {e}",
+                                        s.label
+                                    )),
+                                };
+                                (i, run().map_err(wrap))
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut outs: Vec<(usize, FoldOutcome)> = outs.into_iter().flatten().collect();
+                outs.sort_by_key(|o| o.0);
+                let mut lls = Vec::with_capacity(outs.len());
+                for (i, out) in outs {
+                    let (beta, ll) = out?;
+                    folds[i].beta = beta;
+                    lls.push(ll);
                 }
-                s.beta = r.beta;
-                let Some(test) = s.test.as_mut() else {
-                    return Ok(0.0);
-                };
-                test.set_beta(&s.beta);
-                let ll = test.log_likelihood();
-                if !ll.is_finite() {
-                    return Err(Error::FitFailed(format!(
-                        "cross-validation, {}: held-out log-likelihood at variance {v} is {ll}",
-                        s.label
-                    )));
-                }
-                Ok(ll)
-            })
-            .collect::<Result<_>>()?;
+                lls
+            }
+        };
         fits += lls.len();
         let n = lls.len() as f64;
         let mean = lls.iter().sum::<f64>() / n;
@@ -497,7 +788,7 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
             g.sort_by(f64::total_cmp);
             g.dedup();
             for (step, &v) in g.iter().enumerate() {
-                curve.push(evaluate(v, step, &mut states)?);
+                curve.push(evaluate(v, step, &mut folds)?);
             }
             let best = best_point(&curve);
             (curve[best].variance, "grid evaluated".to_string())
@@ -508,7 +799,7 @@ pub fn cross_validate(problem: &Problem<'_>, prior: Prior, opts: &CvOptions) -> 
                 .unwrap_or_else(|| default_variance(problem.design));
             let mut outcome = None;
             for step in 0..opts.max_steps {
-                curve.push(evaluate(v, step, &mut states)?);
+                curve.push(evaluate(v, step, &mut folds)?);
                 curve.sort_by(|a, b| a.variance.total_cmp(&b.variance));
                 match next_candidate(&curve) {
                     Next::Try(next) => v = next,
@@ -685,6 +976,7 @@ fn solve3(mut a: [[f64; 3]; 3], mut b: [f64; 3]) -> Option<[f64; 3]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Ties;
 
     fn pt(v: f64, m: f64, s: f64) -> CvPoint {
         CvPoint {
@@ -749,6 +1041,151 @@ mod tests {
         match next_candidate(&c) {
             Next::Stop(v, _) => assert!((v - 0.3).abs() < 1e-9, "{v}"),
             Next::Try(v) => panic!("should stop, got {v}"),
+        }
+    }
+
+    /// Cox and Fine–Gray data for the shared-folds tests.
+    /// `censor`: a supplied `censor_weight` column (Fine–Gray), used by every fold as given.
+    fn risk_set_data(
+        fine_gray: bool,
+        strata: u64,
+        counting: bool,
+        censor: bool,
+        seed: u64,
+    ) -> DesignMatrix {
+        use crate::model::risk_set::test_support::{build, random_records, Spec};
+        let (mut recs, covs) = random_records(
+            Spec {
+                n: 240,
+                p: 40,
+                strata,
+                weights: true,
+                counting,
+                fine_gray,
+                offset: false,
+            },
+            seed,
+        );
+        for (i, r) in recs.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                r.time = r.time.map(|t| t + 0.1 * (i % 5) as f64);
+            }
+            if censor {
+                r.censor_weight = Some(0.3 + 0.1 * (i % 7) as f64);
+            }
+        }
+        build(&recs, &covs)
+    }
+
+    fn without_seconds(mut r: CvResult) -> CvResult {
+        r.seconds = 0.0;
+        r
+    }
+
+    /// Folds as row selections of one shared model give the cross-validation of one copy of
+    /// the rows per fold: the same candidates, fits, skipped folds and selected variance, and
+    /// held-out log-likelihoods equal to 1e-9 (the fits stop at the same iterations; sums over
+    /// data-determined chunks are split by the shared structure's sizes, so they differ in
+    /// the last bits). Cox (Breslow, Efron, strata, (start, stop]) and Fine–Gray, Laplace and
+    /// Normal priors, auto and grid search, two repetitions.
+    #[test]
+    fn shared_folds_match_copies() {
+        let mut seed = 40;
+        for (kind, ties, strata, counting, censor) in [
+            (ModelKind::Cox, Ties::Breslow, 1, false, false),
+            (ModelKind::Cox, Ties::Efron, 3, false, false),
+            (ModelKind::Cox, Ties::Breslow, 2, true, false),
+            (ModelKind::FineGray, Ties::Breslow, 1, false, false),
+            (ModelKind::FineGray, Ties::Efron, 2, false, false),
+            (ModelKind::FineGray, Ties::Breslow, 2, false, true),
+        ] {
+            seed += 1;
+            let x = risk_set_data(kind == ModelKind::FineGray, strata, counting, censor, seed);
+            let problem = Problem {
+                design: &x,
+                kind,
+                lik: LikelihoodOptions { ties },
+                exclude: &[],
+                ccd: CcdOptions::fit_default(),
+                fixed: Vec::new(),
+            };
+            for (prior, search) in [
+                (Prior::Laplace { lambda: 1.0 }, CvSearch::Auto),
+                (
+                    Prior::Normal { variance: 1.0 },
+                    CvSearch::Grid(vec![0.01, 0.1, 1.0]),
+                ),
+            ] {
+                let opts = CvOptions {
+                    folds: 4,
+                    repetitions: 2,
+                    search,
+                    ..CvOptions::default()
+                };
+                let what = format!(
+                    "{kind:?} {ties:?} strata={strata} counting={counting} censor={censor} {prior:?}"
+                );
+                let (units, n_units) = problem.units(Resampling::Auto);
+                let asg = assign_folds(n_units, 4, 2, 1);
+                assert!(
+                    SharedFolds::new(&problem, &asg, &units, 4).is_some(),
+                    "{what}"
+                );
+                let shared = cross_validate_with(&problem, prior, &opts, true).unwrap();
+                let copies = cross_validate_with(&problem, prior, &opts, false).unwrap();
+                let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()));
+                assert!(
+                    close(shared.variance, copies.variance),
+                    "{what}: {} vs {}",
+                    shared.variance,
+                    copies.variance
+                );
+                assert_eq!(shared.curve.len(), copies.curve.len(), "{what}");
+                assert_eq!(shared.fits, copies.fits, "{what}");
+                assert_eq!(shared.skipped, copies.skipped, "{what}");
+                assert_eq!(shared.empty_test_folds, copies.empty_test_folds, "{what}");
+                for (a, b) in shared.curve.iter().zip(&copies.curve) {
+                    assert!(close(a.variance, b.variance), "{what}");
+                    for (fa, fb) in a.folds.iter().zip(&b.folds) {
+                        assert!(close(*fa, *fb), "{what} at {}: {fa} vs {fb}", a.variance);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The shared-folds path gives bit-identical results on 1, 2 and 3 threads (the workers
+    /// take different folds, each rebuilt from scratch).
+    #[test]
+    fn shared_folds_are_thread_independent() {
+        for kind in [ModelKind::Cox, ModelKind::FineGray] {
+            let x = risk_set_data(kind == ModelKind::FineGray, 2, false, false, 77);
+            let problem = Problem {
+                design: &x,
+                kind,
+                lik: LikelihoodOptions { ties: Ties::Efron },
+                exclude: &[],
+                ccd: CcdOptions::fit_default(),
+                fixed: Vec::new(),
+            };
+            let opts = CvOptions {
+                folds: 5,
+                ..CvOptions::default()
+            };
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    without_seconds(
+                        cross_validate(&problem, Prior::Laplace { lambda: 1.0 }, &opts).unwrap(),
+                    )
+                })
+            };
+            let one = run(1);
+            assert_eq!(one, run(2), "{kind:?}: 2 threads");
+            assert_eq!(one, run(3), "{kind:?}: 3 threads");
         }
     }
 

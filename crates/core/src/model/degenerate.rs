@@ -90,9 +90,20 @@ const NOISE_ULPS: f64 = 1000.0;
 /// domain is the better message). Errors are [`Error::Empty`].
 pub fn check_information(kind: ModelKind, x: &DesignMatrix) -> Result<()> {
     kind.check_rows(x)?;
-    let n = x.n_rows();
+    check_information_of(kind, x, &|_| true)
+}
+
+/// [`check_information`] on the rows `i` of `x` with `keep(i)` (a fold of cross-validation),
+/// without the row checks (run them once on `x`).
+pub fn check_information_of(
+    kind: ModelKind,
+    x: &DesignMatrix,
+    keep: &(dyn Fn(usize) -> bool + Sync),
+) -> Result<()> {
+    let rows = || (0..x.n_rows()).filter(|&i| keep(i));
+    let n = rows().count();
     if let Some(w) = &x.rows.weight {
-        if w.iter().all(|&v| v == 0.0) {
+        if rows().all(|i| w[i] == 0.0) {
             return Err(Error::Empty(format!(
                 "{}: all {n} row weights are 0, so the data carry no information",
                 kind.name()
@@ -100,8 +111,8 @@ pub fn check_information(kind: ModelKind, x: &DesignMatrix) -> Result<()> {
         }
     }
     let y = &x.rows.y;
-    let has = |f: &dyn Fn(f64) -> bool| (0..n).any(|i| f(y[i]));
-    let has_weighted = |f: &dyn Fn(f64) -> bool| (0..n).any(|i| f(y[i]) && x.weight(i) > 0.0);
+    let has = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y[i]));
+    let has_weighted = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y[i]) && x.weight(i) > 0.0);
     let zero_weight = " (every such row has weight 0)";
     match kind {
         ModelKind::Cox | ModelKind::FineGray | ModelKind::ConditionalLogistic => {

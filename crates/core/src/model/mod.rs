@@ -69,6 +69,7 @@ pub mod registry;
 pub mod risk_set;
 pub mod rng;
 pub mod robust;
+pub(crate) mod row_blocks;
 pub mod sccs;
 pub mod stepper;
 

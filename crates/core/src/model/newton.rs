@@ -432,19 +432,61 @@ pub(crate) fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
 pub(crate) fn cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
     let mut l = vec![0.0; k * k];
     for i in 0..k {
-        for j in 0..=i {
-            let s = a[i * k + j] - dot4(&l[i * k..i * k + j], &l[j * k..j * k + j]);
+        let (done, rest) = l.split_at_mut(i * k);
+        let li = &mut rest[..k];
+        let mut j = 0;
+        // Four entries at a time (j a multiple of 4, all left of the diagonal): their dot
+        // products share the chunked part of `dot4` (the first j terms) and load row i
+        // once; each keeps its own partial sums and tail, so every bit is as `dot4`'s.
+        while j + 4 <= i {
+            let rows = [0, 1, 2, 3].map(|t| &done[(j + t) * k..(j + t) * k + j]);
+            let acc = dot4_chunks_x4(&li[..j], rows);
+            for (t, acc) in acc.iter().enumerate() {
+                let jt = j + t;
+                let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                for m in j..jt {
+                    s += li[m] * done[jt * k + m];
+                }
+                li[jt] = (a[i * k + jt] - s) / done[jt * k + jt];
+            }
+            j += 4;
+        }
+        for j in j..=i {
+            let lj = if j == i {
+                &li[..j]
+            } else {
+                &done[j * k..j * k + j]
+            };
+            let s = a[i * k + j] - dot4(&li[..j], lj);
             if i == j {
                 if !(s > 0.0 && s.is_finite()) {
                     return None;
                 }
-                l[i * k + i] = s.sqrt();
+                li[i] = s.sqrt();
             } else {
-                l[i * k + j] = s / l[j * k + j];
+                li[j] = s / done[j * k + j];
             }
         }
     }
     Some(l)
+}
+
+/// The four partial sums of `dot4` (over whole chunks of 4; `x.len()` a multiple of 4) of `x`
+/// with each of four rows.
+fn dot4_chunks_x4(x: &[f64], rows: [&[f64]; 4]) -> [[f64; 4]; 4] {
+    let mut acc = [[0.0f64; 4]; 4];
+    let n = x.len() / 4 * 4;
+    let (r0, r1, r2, r3) = (&rows[0][..n], &rows[1][..n], &rows[2][..n], &rows[3][..n]);
+    for c in (0..n).step_by(4) {
+        let xs = &x[c..c + 4];
+        for (t, r) in [r0, r1, r2, r3].iter().enumerate() {
+            let ys = &r[c..c + 4];
+            for l in 0..4 {
+                acc[t][l] += xs[l] * ys[l];
+            }
+        }
+    }
+    acc
 }
 
 /// Σ a_m b_m in four interleaved partial sums (m mod 4), added pairwise, then the tail: a
@@ -490,6 +532,52 @@ pub(crate) fn cholesky_solve(l: &[f64], k: usize, b: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The blocked factorization gives every bit of the plain one (one `dot4` per entry).
+    #[test]
+    fn blocked_cholesky_is_bit_identical() {
+        let plain = |a: &[f64], k: usize| -> Option<Vec<f64>> {
+            let mut l = vec![0.0; k * k];
+            for i in 0..k {
+                for j in 0..=i {
+                    let s = a[i * k + j] - dot4(&l[i * k..i * k + j], &l[j * k..j * k + j]);
+                    if i == j {
+                        if !(s > 0.0 && s.is_finite()) {
+                            return None;
+                        }
+                        l[i * k + i] = s.sqrt();
+                    } else {
+                        l[i * k + j] = s / l[j * k + j];
+                    }
+                }
+            }
+            Some(l)
+        };
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut unif = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        for k in (1..=23).chain([64, 97, 130]) {
+            // B Bᵀ + diagonal: symmetric positive definite.
+            let b: Vec<f64> = (0..k * k).map(|_| unif()).collect();
+            let mut a = vec![0.0; k * k];
+            for i in 0..k {
+                for j in 0..k {
+                    a[i * k + j] = (0..k).map(|m| b[i * k + m] * b[j * k + m]).sum::<f64>();
+                }
+                a[i * k + i] += 0.1;
+            }
+            let (x, y) = (cholesky(&a, k).unwrap(), plain(&a, k).unwrap());
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&x), bits(&y), "k = {k}");
+            // Not positive definite: both refuse.
+            a[(k - 1) * k + k - 1] = -1.0;
+            assert!(cholesky(&a, k).is_none() && plain(&a, k).is_none());
+        }
+    }
 
     #[test]
     fn cholesky_solves_and_regularizes() {

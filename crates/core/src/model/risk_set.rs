@@ -49,13 +49,21 @@
 //! starting values are added when the chunks are combined, in order), and the refresh pass
 //! into a fixed number of group chunks that depends only on G. Rayon runs the chunks in
 //! parallel; the split, and therefore every bit of the result, is the same for any number of
-//! threads.
+//! threads. The passes over many columns at once (η in `set_beta`, the batched gradients, the
+//! row-major view of an information request) and the per-row and per-group element-wise
+//! passes run over fixed blocks of rows (`model/row_blocks.rs`), each element computed by the
+//! same operations in the same order as in one sequential loop.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
+use super::row_blocks::{self, SparseCol};
 use super::Ties;
 use crate::error::{Error, Result};
+
+mod folds;
+pub use folds::{FoldBase, FoldCensor, FoldSums};
 
 /// Which partial likelihood a [`RiskSetModel`] evaluates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,11 +90,19 @@ struct SortedColumn {
     vals: Vec<f64>,
     /// Counting-process exits: (exit position, entry index) sorted by position.
     exits: Vec<(u32, u32)>,
-    /// Σ over events of w x (constant).
-    event_sum: f64,
+    /// First entry of each row block of the blocked passes ([`row_blocks::block_starts`]).
+    blocks: Vec<u32>,
 }
 
 impl SortedColumn {
+    fn view(&self) -> SparseCol<'_> {
+        SparseCol {
+            rows: &self.rows,
+            vals: &self.vals,
+            starts: &self.blocks,
+        }
+    }
+
     #[inline]
     fn value(&self, i: usize) -> f64 {
         if self.vals.is_empty() {
@@ -139,7 +155,17 @@ pub struct RiskSetModel {
     /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
     par_min_groups: usize,
     // ---- columns ----
-    cols: Vec<SortedColumn>,
+    /// Shared by clones: the folds of cross-validation are row weights over one copy
+    /// (`risk_set/folds.rs`).
+    cols: Arc<Vec<SortedColumn>>,
+    /// Σ over events of w x per column (depends on the weights, so not in `cols`).
+    event_sum: Vec<f64>,
+    /// Input row of each sorted row (shared by clones).
+    input_row: Arc<Vec<u32>>,
+    /// Rows that a fold leaves out (weight 0, not counted as rows); empty outside folds.
+    fold_out: Vec<bool>,
+    /// Groups with an event of positive count (all of them outside folds).
+    n_event_groups: usize,
     // ---- state ----
     beta: Vec<f64>,
     f_sum: Vec<f64>,
@@ -161,6 +187,9 @@ pub struct RiskSetModel {
     pending_sorted: bool,
     /// Something is queued.
     queued: bool,
+    /// The state is exactly what `set_beta(beta)` computes (no `update` since): a repeated
+    /// `set_beta` with the same coefficients has nothing to do.
+    fresh: bool,
     /// Σ_events w·offset (the log-likelihood's linear part is this + Σ_j β_j event_sum_j).
     event_offset_sum: f64,
     // prefix sums over groups (length G + 1)
@@ -432,7 +461,6 @@ impl RiskSetModel {
         }
 
         // The row data is no longer needed (freed here when owned).
-        drop(order);
         drop(design);
         // Columns in sorted order, dropping rows that are in no risk set.
         let contributes = |ki: usize| -> bool {
@@ -467,18 +495,28 @@ impl RiskSetModel {
             }
             for i in 0..col.rows.len() {
                 let ki = col.rows[i] as usize;
-                if event[ki] {
-                    col.event_sum += w[ki] * col.value(i);
-                }
                 if counting && exit[ki] < s_end[info[ki].stratum as usize] {
                     col.exits.push((exit[ki], i as u32));
                 }
             }
             col.exits.sort_unstable();
+            col.blocks = row_blocks::block_starts(&col.rows, n);
             col
         };
         // Independent per column, so the result does not depend on the thread count.
         let cols: Vec<SortedColumn> = cols.par_map(sort_column);
+        let event_sum: Vec<f64> = cols
+            .iter()
+            .map(|col| {
+                let mut sum = 0.0;
+                for (i, &ki) in col.rows.iter().enumerate() {
+                    if event[ki as usize] {
+                        sum += w[ki as usize] * col.value(i);
+                    }
+                }
+                sum
+            })
+            .collect();
 
         let efron_group: Vec<bool> = g_count
             .iter()
@@ -511,7 +549,11 @@ impl RiskSetModel {
             any_efron,
             min_chunk: MIN_CHUNK,
             par_min_groups: PAR_MIN_GROUPS,
-            cols,
+            cols: Arc::new(cols),
+            event_sum,
+            input_row: Arc::new(order),
+            fold_out: Vec::new(),
+            n_event_groups: n_groups,
             beta: vec![0.0; p],
             f_sum: vec![0.0; n_groups],
             b_sum: if fg { vec![0.0; n_groups] } else { Vec::new() },
@@ -530,6 +572,7 @@ impl RiskSetModel {
             b_start: if fg { vec![0.0; n_strata] } else { Vec::new() },
             pending_sorted: true,
             queued: false,
+            fresh: false,
             event_offset_sum: 0.0,
             prq: vec![[0.0; 2]; n_groups + 1],
             pg: if fg {
@@ -618,23 +661,29 @@ impl RiskSetModel {
         self.dirty = true;
     }
 
-    /// Set β and recompute η, w·e and every risk-set sum from scratch.
+    /// Set β and recompute η, w·e and every risk-set sum from scratch (nothing to do when the
+    /// state already is that of `set_beta` at the same β, with no `update` since).
     pub fn set_beta(&mut self, beta: &[f64]) {
         let p = self.cols.len().min(beta.len());
+        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        if self.fresh && same(&self.beta[..p], &beta[..p]) {
+            return;
+        }
         self.beta[..p].copy_from_slice(&beta[..p]);
         if self.offset.is_empty() {
             self.eta.fill(0.0);
         } else {
             self.eta.copy_from_slice(&self.offset);
         }
-        for (col, &b) in self.cols.iter().zip(&self.beta) {
-            if b == 0.0 {
-                continue;
-            }
-            for (i, &k) in col.rows.iter().enumerate() {
-                self.eta[k as usize] += b * col.value(i);
-            }
-        }
+        // η = offset + Σ_j β_j x_j, column after column for each row (in row blocks).
+        let moving: Vec<(SparseCol<'_>, f64)> = self
+            .cols
+            .iter()
+            .zip(&self.beta)
+            .filter(|(_, &b)| b != 0.0)
+            .map(|(c, &b)| (c.view(), b))
+            .collect();
+        row_blocks::add_columns(&mut self.eta, &moving);
         self.f_sum.fill(0.0);
         self.b_sum.fill(0.0);
         self.e0.fill(0.0);
@@ -645,12 +694,23 @@ impl RiskSetModel {
         self.b_start.fill(0.0);
         self.queued = false;
         self.pending_sorted = true;
+        {
+            use rayon::prelude::*;
+            self.info
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .zip(self.w.par_chunks(row_blocks::ROW_BLOCK))
+                .zip(self.eta.par_chunks(row_blocks::ROW_BLOCK))
+                .for_each(|((info, w), eta)| {
+                    for ((row, &w), &eta) in info.iter_mut().zip(w).zip(eta) {
+                        row.we = w * eta.exp();
+                    }
+                });
+        }
         for k in 0..self.eta.len() {
-            let we = self.w[k] * self.eta[k].exp();
-            self.info[k].we = we;
-            self.scatter(k, we);
+            self.scatter(k, self.info[k].we);
         }
         self.refresh();
+        self.fresh = true;
     }
 
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
@@ -904,25 +964,43 @@ impl RiskSetModel {
     pub fn log_likelihood(&mut self) -> f64 {
         self.refresh();
         let mut ll = self.event_offset_sum;
-        for (col, &b) in self.cols.iter().zip(&self.beta) {
+        for (&sum, &b) in self.event_sum.iter().zip(&self.beta) {
             if b != 0.0 {
-                ll += b * col.event_sum;
+                ll += b * sum;
             }
         }
-        for g in 0..self.g_weight.len() {
+        // log S0 of the untied groups in parallel (blocks of ROW_BLOCK groups), summed below
+        // in group order: the same bits as one loop.
+        let mut log_s0 = vec![0.0; self.g_weight.len()];
+        {
+            use rayon::prelude::*;
+            log_s0
+                .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .enumerate()
+                .for_each(|(b, out)| {
+                    let g0 = b * row_blocks::ROW_BLOCK;
+                    for (o, v) in out.iter_mut().enumerate() {
+                        let g = g0 + o;
+                        if !(self.any_efron && self.efron_group[g]) {
+                            *v = self.s0(g).ln();
+                        }
+                    }
+                });
+        }
+        for (g, &log_s0) in log_s0.iter().enumerate() {
             let wg = self.g_weight[g];
             if wg == 0.0 {
                 continue;
             }
-            let s0 = self.s0(g);
             if self.any_efron && self.efron_group[g] {
+                let s0 = self.s0(g);
                 let d = self.g_count[g];
                 let wbar = wg / d as f64;
                 for l in 0..d {
                     ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
                 }
             } else {
-                ll -= wg * s0.ln();
+                ll -= wg * log_s0;
             }
         }
         ll
@@ -933,9 +1011,11 @@ impl RiskSetModel {
         if j >= self.cols.len() {
             return;
         }
+        self.fresh = false;
         self.beta[j] += delta;
-        // Temporarily take the column out to avoid borrowing self twice.
-        let col = std::mem::take(&mut self.cols[j]);
+        // A handle on the shared columns, to avoid borrowing self twice.
+        let cols = Arc::clone(&self.cols);
+        let col = &cols[j];
         // η is not kept between cycles (set_beta recomputes it); w e changes by exp(Δ x).
         if self.simple {
             // Positions within one column are nondecreasing; only a second update before the
@@ -990,7 +1070,6 @@ impl RiskSetModel {
         } else {
             self.dirty = true;
         }
-        self.cols[j] = col;
     }
 
     /// (∂LL/∂β_j, −∂²LL/∂β_j²) at the current state.
@@ -1039,7 +1118,7 @@ impl RiskSetModel {
             // x² = x: the S2 sums equal the S1 sums.
             acc.lin2 = acc.lin;
         }
-        let g = col.event_sum - acc.lin + acc.gcorr;
+        let g = self.event_sum[j] - acc.lin + acc.gcorr;
         let h = acc.lin2 - acc.quad + acc.hcorr;
         (g, h)
     }
@@ -1408,59 +1487,51 @@ impl RiskSetModel {
     pub fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let d = self.row_weights();
-        let one = |&j: &usize| -> f64 {
-            let Some(col) = self.cols.get(j) else {
-                return 0.0;
-            };
-            let mut acc = 0.0;
-            if col.vals.is_empty() {
-                for &r in &col.rows {
-                    acc += d[r as usize];
-                }
-            } else {
-                for (&r, &v) in col.rows.iter().zip(&col.vals) {
-                    acc += v * d[r as usize];
-                }
-            }
-            col.event_sum - acc
-        };
-        let entries: usize = cols
+        let views: Vec<Option<SparseCol<'_>>> = cols
             .iter()
-            .map(|&j| self.cols.get(j).map_or(0, |c| c.rows.len()))
-            .sum();
-        if entries >= self.min_chunk.saturating_mul(4) {
-            use rayon::prelude::*;
-            cols.par_iter().map(one).collect()
-        } else {
-            cols.iter().map(one).collect()
-        }
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let sums = row_blocks::gather_sums(&d, &views);
+        cols.iter()
+            .zip(sums)
+            .map(|(&j, acc)| self.event_sum.get(j).map_or(0.0, |&e| e - acc))
+            .collect()
     }
 
-    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state.
+    /// The per-row weight d_i of [`RiskSetModel::gradients`] at the current state, each
+    /// row's on its own (row blocks in parallel).
     fn row_weights(&self) -> Vec<f64> {
+        use rayon::prelude::*;
         let mut d = vec![0.0; self.info.len()];
-        for &s in &self.active_strata {
-            let s = s as usize;
-            let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
-            let (ra, rb) = (self.row_start[s] as usize, self.row_end[s] as usize);
-            for (i, out) in d.iter_mut().enumerate().take(rb).skip(ra) {
-                let RowInfo { we, pos, .. } = self.info[i];
-                let p = pos as usize;
-                let exit = if self.counting {
-                    (self.exit[i] as usize).min(gb)
-                } else {
-                    gb
-                };
-                let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
-                if self.fg && self.inv_g[i] != 0.0 {
-                    w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+        d.par_chunks_mut(row_blocks::ROW_BLOCK)
+            .enumerate()
+            .for_each(|(b, block)| {
+                let r0 = b * row_blocks::ROW_BLOCK;
+                for (o, out) in block.iter_mut().enumerate() {
+                    let i = r0 + o;
+                    let RowInfo { we, pos, stratum } = self.info[i];
+                    let s = stratum as usize;
+                    let (ga, gb) = (self.s_start[s] as usize, self.s_end[s] as usize);
+                    if ga == gb {
+                        // A stratum without events: in no risk set.
+                        continue;
+                    }
+                    let p = pos as usize;
+                    let exit = if self.counting {
+                        (self.exit[i] as usize).min(gb)
+                    } else {
+                        gb
+                    };
+                    let mut w = self.prq[exit.max(p)][0] - self.prq[p][0];
+                    if self.fg && self.inv_g[i] != 0.0 {
+                        w += self.inv_g[i] * (self.pg[p][0] - self.pg[ga][0]);
+                    }
+                    if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
+                        w -= self.eu[p];
+                    }
+                    *out = we * w;
                 }
-                if self.any_efron && p < gb && self.event[i] && self.efron_group[p] {
-                    w -= self.eu[p];
-                }
-                *out = we * w;
-            }
-        }
+            });
         d
     }
 
@@ -1478,7 +1549,7 @@ impl RiskSetModel {
         // 64..2048). Measured on the DESIGN §10 Cox recipe's auto CV (about 890 active
         // columns at the first candidate): 4√G left those fits to coordinate descent and
         // took twice the CPU time.
-        let g = self.g_weight.len() as f64;
+        let g = self.n_event_groups as f64;
         ((16.0 * g.sqrt()) as usize).clamp(POLISH_MIN_COLS, POLISH_MAX_COLS)
     }
 
@@ -1544,50 +1615,30 @@ impl RiskSetModel {
     /// the columns `cols` in sorted-row order (a counting sort by row). The latest view is
     /// kept: the Newton iterations of a polish round ask for the same columns again.
     fn row_major(&mut self, cols: &[usize]) -> RowMajor {
-        if let Some(rm) = self.row_major_cache.take() {
+        if let Some(mut rm) = self.row_major_cache.take() {
             if rm.cols == cols {
                 return rm;
             }
-        }
-        let n = self.info.len();
-        let mut ptr = vec![0u32; n + 1];
-        let mut ones = true;
-        for &j in cols {
-            if let Some(col) = self.cols.get(j) {
-                ones &= col.vals.is_empty();
-                for &r in &col.rows {
-                    ptr[r as usize + 1] += 1;
-                }
+            // A polish round drops the coefficients that reached zero: the view of a
+            // subsequence of the cached columns is the cached one filtered in place (the same
+            // entries in the same order as a fresh counting sort).
+            let ones = cols
+                .iter()
+                .all(|&j| self.cols.get(j).is_none_or(|c| c.vals.is_empty()));
+            if rm.restrict(cols, ones) {
+                return rm;
             }
         }
-        for i in 0..n {
-            ptr[i + 1] += ptr[i];
-        }
-        let total = ptr[n] as usize;
-        let mut col_of = vec![0u32; total];
-        let mut val = if ones {
-            Vec::new()
-        } else {
-            vec![0.0f64; total]
-        };
-        let mut fill = ptr.clone();
-        for (a, &j) in cols.iter().enumerate() {
-            if let Some(col) = self.cols.get(j) {
-                for (i, &r) in col.rows.iter().enumerate() {
-                    let at = fill[r as usize] as usize;
-                    col_of[at] = a as u32;
-                    if !ones {
-                        val[at] = col.value(i);
-                    }
-                    fill[r as usize] += 1;
-                }
-            }
-        }
+        let views: Vec<Option<SparseCol<'_>>> = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map(SortedColumn::view))
+            .collect();
+        let (ptr, col, val) = row_blocks::row_major(self.info.len(), &views);
         RowMajor {
             cols: cols.to_vec(),
             ptr,
-            col: col_of,
-            val,
+            col,
+            val: val.unwrap_or_default(),
         }
     }
 
@@ -1673,8 +1724,9 @@ impl RiskSetModel {
                 let mut seg_rows = 0usize;
                 while h1 < gb && (h1 == h0 || seg_rows * SEGMENT_GROWTH <= rows_before) {
                     while scan < rb && self.info[scan].pos as usize == h1 {
+                        // Rows a fold leaves out are not rows of its data.
+                        seg_rows += usize::from(self.fold_out.get(scan) != Some(&true));
                         scan += 1;
-                        seg_rows += 1;
                     }
                     h1 += 1;
                 }
@@ -1700,7 +1752,9 @@ impl RiskSetModel {
                         if lo < hi {
                             scatter(&mut f, i, we);
                             scatter(&mut y, i, we * c_rest);
-                            if efron && self.event[i] {
+                            // (A row of weight 0 — one a fold leaves out — adds nothing and
+                            // must not mark its columns twice.)
+                            if efron && self.event[i] && we != 0.0 {
                                 for e in lo..hi {
                                     let a = rows.col[e];
                                     if e1[a as usize] == 0.0 {
@@ -1898,7 +1952,9 @@ impl RiskSetModel {
                         for e in lo..hi {
                             f[rows.col[e] as usize] += we * rows.value(e);
                         }
-                        if efron && self.event[i] {
+                        // (A row of weight 0 — one a fold leaves out — adds nothing and must
+                        // not mark its columns twice.)
+                        if efron && self.event[i] && we != 0.0 {
                             for e in lo..hi {
                                 let a = rows.col[e];
                                 if e1[a as usize] == 0.0 {
@@ -2163,9 +2219,8 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
     bounds.push(k);
     bounds.dedup();
     let n = w.len();
-    let block = |b: usize| -> Vec<f64> {
-        let (a0, a1) = (bounds[b], bounds[b + 1]);
-        let mut m = vec![0.0; (a1 - a0) * k];
+    // Block rows a0..a1 of the result, written in place (no per-block copies to join).
+    let block = |a0: usize, a1: usize, m: &mut [f64]| {
         for (i, &c) in w.iter().enumerate().take(n) {
             let (lo, hi) = rows.range(i);
             if lo == hi || c == 0.0 {
@@ -2192,18 +2247,23 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
                 }
             }
         }
-        m
     };
+    let mut m = vec![0.0; k * k];
     let n_parts = bounds.len() - 1;
-    let parts: Vec<Vec<f64>> = if n_parts == 1 {
-        vec![block(0)]
+    if n_parts == 1 {
+        block(0, k, &mut m);
     } else {
         use rayon::prelude::*;
-        (0..n_parts).into_par_iter().map(block).collect()
-    };
-    let mut m = Vec::with_capacity(k * k);
-    for part in parts {
-        m.extend_from_slice(&part);
+        let mut parts = Vec::with_capacity(n_parts);
+        let mut rest = &mut m[..];
+        for b in 0..n_parts {
+            let (part, r) = rest.split_at_mut((bounds[b + 1] - bounds[b]) * k);
+            rest = r;
+            parts.push((bounds[b], bounds[b + 1], part));
+        }
+        parts
+            .into_par_iter()
+            .for_each(|(a0, a1, part)| block(a0, a1, part));
     }
     m
 }
@@ -2223,6 +2283,48 @@ struct RowMajor {
 }
 
 impl RowMajor {
+    /// Restrict the view to `cols` when they are a subsequence of its columns (`ones`: every
+    /// one of them is a 0/1 column), in place; false (and nothing changed) otherwise.
+    fn restrict(&mut self, cols: &[usize], ones: bool) -> bool {
+        let mut map = vec![u32::MAX; self.cols.len()];
+        let mut next = 0usize;
+        for (a, &j) in self.cols.iter().enumerate() {
+            if next < cols.len() && cols[next] == j {
+                map[a] = next as u32;
+                next += 1;
+            }
+        }
+        if next < cols.len() {
+            return false;
+        }
+        let has_val = !self.val.is_empty();
+        let mut out = 0usize;
+        let mut lo = self.ptr[0] as usize;
+        for i in 0..self.ptr.len() - 1 {
+            let hi = self.ptr[i + 1] as usize;
+            for e in lo..hi {
+                let a = map[self.col[e] as usize];
+                if a != u32::MAX {
+                    self.col[out] = a;
+                    if has_val {
+                        self.val[out] = self.val[e];
+                    }
+                    out += 1;
+                }
+            }
+            lo = hi;
+            self.ptr[i + 1] = out as u32;
+        }
+        self.col.truncate(out);
+        if ones {
+            self.val = Vec::new();
+        } else {
+            self.val.truncate(out);
+        }
+        self.cols = cols.to_vec();
+        true
+    }
+
     fn view(&self) -> SweepRows<'_> {
         SweepRows {
             ptr: &self.ptr,
@@ -2831,5 +2933,22 @@ pub mod test_support {
             censor,
             &format!("{what} after second set_beta"),
         );
+        // `set_beta` at the same β again keeps the state; after updates that come back to
+        // β it recomputes it: both bit for bit the state of the set_beta above.
+        let state = |lik: &mut dyn Likelihood| -> Vec<u64> {
+            let mut bits = vec![lik.log_likelihood().to_bits()];
+            for j in 0..p {
+                let (g, h) = lik.gradient_hessian(j);
+                bits.extend([g.to_bits(), h.to_bits()]);
+            }
+            bits
+        };
+        let first = state(lik);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta again");
+        lik.update(0, 0.25);
+        lik.update(0, -0.25);
+        lik.set_beta(&beta);
+        assert_eq!(state(lik), first, "{what}: set_beta after updates");
     }
 }
