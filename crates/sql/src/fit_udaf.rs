@@ -517,10 +517,14 @@ impl Accumulator for FitAccumulator {
         // The query's token when a `FitScopeExec` polls this aggregate: the fit stops within
         // one cycle once the query's stream is dropped (crate::cancel_scope).
         options.ccd.cancel = crate::cancel_scope::current_token();
-        FIT_EVENTS.started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        FIT_EVENTS
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let result = run_blocking(move || FitAccumulator::fit_group(model, &options, rows));
         if let Err(Error::Cancelled) = result {
-            FIT_EVENTS.cancelled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            FIT_EVENTS
+                .cancelled
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             return Err(datafusion::common::DataFusionError::Execution(format!(
                 "{}: the fit was cancelled (its query was dropped)",
                 model.name()
