@@ -449,11 +449,7 @@ fn hand_store(dir: &Path) {
         let p = p + 1;
         let e = Y2020 + era_day;
         person.push_str(&format!("{p},8507,1960,1,1\n"));
-        period.push_str(&format!(
-            "{p},{p},{},{}\n",
-            date(Y2020),
-            date(Y2020 + 365)
-        ));
+        period.push_str(&format!("{p},{p},{},{}\n", date(Y2020), date(Y2020 + 365)));
         era.push_str(&format!("{p},{p},5,{},{}\n", date(e), date(e)));
         for o in outcomes {
             k += 1;
@@ -593,14 +589,19 @@ end = 30
     let r = q("SELECT log_rr, llr FROM sccs_result WHERE covariate_id = 1000".into()).await;
     let (log_rr, llr) = (f64s(&r, "log_rr"), f64s(&r, "llr"));
     assert_eq!(log_rr.len(), 1);
-    assert!((log_rr[0] - beta_hat).abs() < 1e-6, "{log_rr:?} vs {beta_hat}");
+    assert!(
+        (log_rr[0] - beta_hat).abs() < 1e-6,
+        "{log_rr:?} vs {beta_hat}"
+    );
     // llr: the SCCS package's `fit$log_likelihood − profile(0)`.
     assert!((llr[0] - (ll(beta_hat) - ll(0.0))).abs() < 1e-8, "{llr:?}");
 
     // The profile: 201 points on [ln 0.1, ln 10] with 0 on the grid; its differences are ℓ's.
-    let p = q("SELECT log_rr, log_likelihood, exposures_outcome_set_id, analysis_id, database_id \
+    let p = q(
+        "SELECT log_rr, log_likelihood, exposures_outcome_set_id, analysis_id, database_id \
                FROM sccs_likelihood_profile WHERE covariate_id = 1000 ORDER BY log_rr"
-        .into())
+            .into(),
+    )
     .await;
     let (x, y) = (f64s(&p, "log_rr"), f64s(&p, "log_likelihood"));
     assert_eq!(x.len(), 201);
@@ -608,7 +609,11 @@ end = 30
     assert_eq!(x[100], 0.0);
     for (xi, yi) in x.iter().zip(&y) {
         let want = ll(*xi) - ll(0.0);
-        assert!((yi - y[100] - want).abs() < 1e-8, "at {xi}: {} vs {want}", yi - y[100]);
+        assert!(
+            (yi - y[100] - want).abs() < 1e-8,
+            "at {xi}: {} vs {want}",
+            yi - y[100]
+        );
     }
     assert_eq!(i64s(&p, "exposures_outcome_set_id")[0], 1);
     assert_eq!(i64s(&p, "analysis_id")[0], 1);
@@ -624,9 +629,11 @@ end = 30
             *per_month.entry((y, mth)).or_default() += 1;
         }
     }
-    let t = q("SELECT calendar_year, calendar_month, observed_subjects, ratio, adjusted_ratio, \
+    let t = q(
+        "SELECT calendar_year, calendar_month, observed_subjects, ratio, adjusted_ratio, \
                outcomes FROM sccs_time_trend ORDER BY calendar_year, calendar_month"
-        .into())
+            .into(),
+    )
     .await;
     let (years, months) = (i64s(&t, "calendar_year"), i64s(&t, "calendar_month"));
     let got: Vec<(i64, i64)> = years.iter().copied().zip(months.iter().copied()).collect();
@@ -636,39 +643,59 @@ end = 30
     let (ratio, adjusted) = (f64s(&t, "ratio"), f64s(&t, "adjusted_ratio"));
     for (k, o) in per_month.values().enumerate() {
         let want = *o as f64 / (n / 13.0);
-        assert!((ratio[k] - want).abs() < 1e-12, "{k}: {} vs {want}", ratio[k]);
+        assert!(
+            (ratio[k] - want).abs() < 1e-12,
+            "{k}: {} vs {want}",
+            ratio[k]
+        );
         assert!((adjusted[k] - want).abs() < 1e-12);
     }
-    assert_eq!(i64s(&t, "outcomes"), per_month.values().copied().collect::<Vec<_>>());
+    assert_eq!(
+        i64s(&t, "outcomes"),
+        per_month.values().copied().collect::<Vec<_>>()
+    );
 
     // Time to event: the engine's own `sccs_time_to_event` over the same design.
-    let ours = q("SELECT week, observed_subjects, outcomes FROM sccs_time_to_event ORDER BY week"
-        .into())
-    .await;
+    let ours =
+        q("SELECT week, observed_subjects, outcomes FROM sccs_time_to_event ORDER BY week".into())
+            .await;
     let sql = q(format!(
         "SELECT week, observed_cases, outcomes_exposed + outcomes_unexposed AS outcomes \
          FROM sccs_time_to_event('{HAND_SETTINGS}}}') ORDER BY week"
     ))
     .await;
     assert_eq!(i64s(&ours, "week"), i64s(&sql, "week"));
-    assert_eq!(i64s(&ours, "observed_subjects"), i64s(&sql, "observed_cases"));
+    assert_eq!(
+        i64s(&ours, "observed_subjects"),
+        i64s(&sql, "observed_cases")
+    );
     assert_eq!(i64s(&ours, "outcomes"), i64s(&sql, "outcomes"));
     // By hand: weeks 0 … 4 (days 0 … 34 after the era) hold the 7 exposed outcomes, and every
     // outcome within 26 weeks either side is counted once.
     let w = i64s(&ours, "week");
     let o = i64s(&ours, "outcomes");
-    let first_weeks: i64 = w.iter().zip(&o).filter(|(w, _)| (0..5).contains(*w)).map(|(_, o)| o).sum();
+    let first_weeks: i64 = w
+        .iter()
+        .zip(&o)
+        .filter(|(w, _)| (0..5).contains(*w))
+        .map(|(_, o)| o)
+        .sum();
     assert_eq!(first_weeks, y_e as i64);
-    let near = offsets.iter().filter(|&&d| (-182..182).contains(&d)).count() as i64;
+    let near = offsets
+        .iter()
+        .filter(|&&d| (-182..182).contains(&d))
+        .count() as i64;
     assert_eq!(o.iter().sum::<i64>(), near);
 
     // Diagnostics: time_trend_p equals the engine's `sccs_diagnostics` time-stability p with
     // the results model's max ratio 1.25; pre_exposure_p is R `computePreExposureGain` by hand:
     // 30 days each side of every era, B outcomes before and A after, so β̂ = ln(B / A),
     // llr = B β̂ − (A + B) ln((e^β̂ + 1) / 2) and p = 1 − P(χ²₁ > 2 llr) / 2 as β̂ < 0.
-    let d = q("SELECT time_trend_p, pre_exposure_p, time_trend_diagnostic, \
+    let d = q(
+        "SELECT time_trend_p, pre_exposure_p, time_trend_diagnostic, \
                pre_exposure_diagnostic, unblind FROM sccs_diagnostics_summary"
-        .into())
+            .into(),
+    )
     .await;
     let stability = q(format!(
         "SELECT value FROM sccs_diagnostics('{HAND_SETTINGS}, \

@@ -231,15 +231,16 @@ pub(crate) async fn outcome_stage(
                     let profile = sccs_series::likelihood_profile(p, t).await;
                     let coefficients = sccs_series::coefficients(&f.estimates);
                     let cases = cases.clone();
-                    let series = match coefficients {
-                        Ok(c) => datafusion::common::runtime::SpawnedTask::spawn_blocking(
-                            move || sccs_series::pair_series(&cases, &c),
-                        )
-                        .join()
-                        .await
-                        .ok(),
-                        Err(_) => None,
-                    };
+                    let series =
+                        match coefficients {
+                            Ok(c) => datafusion::common::runtime::SpawnedTask::spawn_blocking(
+                                move || sccs_series::pair_series(&cases, &c),
+                            )
+                            .join()
+                            .await
+                            .ok(),
+                            Err(_) => None,
+                        };
                     (profile, series)
                 }
                 Err(_) => (Ok(None), None),

@@ -401,7 +401,12 @@ pub async fn write(
                 };
                 series.trend.push((
                     (a.index, eos_id),
-                    [year.value(i), month.value(i), subjects.value(i), outcomes.value(i)],
+                    [
+                        year.value(i),
+                        month.value(i),
+                        subjects.value(i),
+                        outcomes.value(i),
+                    ],
                     [ratio.value(i), adjusted.value(i)],
                 ));
             }
@@ -580,8 +585,7 @@ pub async fn write(
     let mut eases = Vec::with_capacity(n);
     let (mut md_s, mut ea_s, mut unblind, mut unblind_es) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut tt_p, mut pe_p, mut tt_s, mut pe_s) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tt_p, mut pe_p, mut tt_s, mut pe_s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in &estimates {
         let (tp, pp) = series
             .pair_p
@@ -823,7 +827,11 @@ pub async fn write(
     let likelihood_profile = batch(vec![
         (
             "analysis_id",
-            i(series.profile.iter().map(|r| Some(r.0 .0 as i64 + 1)).collect()),
+            i(series
+                .profile
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
         ),
         (
             "exposures_outcome_set_id",
@@ -833,7 +841,10 @@ pub async fn write(
             "covariate_id",
             i(series.profile.iter().map(|r| Some(r.0 .2)).collect()),
         ),
-        ("log_rr", f(series.profile.iter().map(|r| Some(r.1)).collect())),
+        (
+            "log_rr",
+            f(series.profile.iter().map(|r| Some(r.1)).collect()),
+        ),
         (
             "log_likelihood",
             f(series.profile.iter().map(|r| Some(r.2)).collect()),
@@ -846,7 +857,11 @@ pub async fn write(
     let time_trend = batch(vec![
         (
             "analysis_id",
-            i(series.trend.iter().map(|r| Some(r.0 .0 as i64 + 1)).collect()),
+            i(series
+                .trend
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
         ),
         (
             "exposures_outcome_set_id",
@@ -855,7 +870,10 @@ pub async fn write(
         ("calendar_year", trend_i(0)),
         ("calendar_month", trend_i(1)),
         ("observed_subjects", trend_i(2)),
-        ("ratio", f(series.trend.iter().map(|r| Some(r.2[0])).collect())),
+        (
+            "ratio",
+            f(series.trend.iter().map(|r| Some(r.2[0])).collect()),
+        ),
         (
             "adjusted_ratio",
             f(series.trend.iter().map(|r| Some(r.2[1])).collect()),
@@ -875,14 +893,24 @@ pub async fn write(
     let time_to_event = batch(vec![
         (
             "analysis_id",
-            i(series.weeks.iter().map(|r| Some(r.0 .0 as i64 + 1)).collect()),
+            i(series
+                .weeks
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
         ),
         (
             "exposures_outcome_set_id",
             i(series.weeks.iter().map(|r| Some(r.0 .1)).collect()),
         ),
-        ("era_id", i(series.weeks.iter().map(|r| era_of(&r.0)).collect())),
-        ("week", i(series.weeks.iter().map(|r| Some(r.1[0])).collect())),
+        (
+            "era_id",
+            i(series.weeks.iter().map(|r| era_of(&r.0)).collect()),
+        ),
+        (
+            "week",
+            i(series.weeks.iter().map(|r| Some(r.1[0])).collect()),
+        ),
         (
             "observed_subjects",
             i(series.weeks.iter().map(|r| Some(r.1[1])).collect()),

@@ -107,7 +107,10 @@ pub fn coefficients(estimates: &[RecordBatch]) -> DfResult<HashMap<i64, f64>> {
     for b in estimates {
         let id = cast(column(b, "covariate_id")?, &DataType::Int64)?;
         let est = cast(column(b, "estimate")?, &DataType::Float64)?;
-        let (id, est) = (id.as_primitive::<Int64Type>(), est.as_primitive::<Float64Type>());
+        let (id, est) = (
+            id.as_primitive::<Int64Type>(),
+            est.as_primitive::<Float64Type>(),
+        );
         for i in 0..b.num_rows() {
             if !id.is_null(i) && !est.is_null(i) {
                 out.insert(id.value(i), est.value(i));

@@ -426,7 +426,10 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
         })
         .unwrap_or_default();
     let adjusted = d.season_spline.is_some() || d.calendar_spline.is_some();
-    let months = month_counts(&cases, adjusted.then_some(&coefs).filter(|_| fit_ref.is_some()));
+    let months = month_counts(
+        &cases,
+        adjusted.then_some(&coefs).filter(|_| fit_ref.is_some()),
+    );
     let observed: Vec<u64> = months.iter().map(|m| m.observed).collect();
     let expected: Vec<f64> = months.iter().map(|m| m.expected).collect();
     let stability = time_stability(
