@@ -400,3 +400,321 @@ document.getElementById('f').addEventListener('load', function () {
     assert_eq!(v["diagnostics"].as_u64().unwrap(), 14, "{v}");
     let _ = std::fs::remove_file(&probe);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The OHDSI tables beyond the estimates (issue #15 item 5): the likelihood profile and `llr`,
+// the time trend, the time to event and the time-trend / pre-exposure diagnostics, on a store
+// small enough to check by hand.
+
+/// 2020-01-01 as a day number; every person is observed all of 2020 (a leap year).
+const Y2020: i64 = 18_262;
+/// Observed days of each case: 2020-01-01 … 2020-12-31.
+const OBSERVED_DAYS: f64 = 366.0;
+/// Exposed days of each case: the risk window [0, 30] after a one-day era.
+const EXPOSED_DAYS: f64 = 31.0;
+
+/// Per person: the day (from 2020-01-01) of the one-day era of concept 5 and the outcomes
+/// (concept 7) as offsets from it. Every window lies inside the year, so each case has 31
+/// exposed of 366 observed days and 30 observed days on each side of its era for the
+/// pre-exposure gain.
+fn hand_cases() -> Vec<(i64, Vec<i64>)> {
+    vec![
+        (152, vec![5, -10, -100]),
+        (159, vec![20, 90]),
+        (166, vec![-20, -50, 3]),
+        (173, vec![1, -5, 150]),
+        (180, vec![-120, 60, 12]),
+        (187, vec![10, 170]),
+        (194, vec![-25, -15, 40]),
+        (201, vec![29, -140, 100]),
+    ]
+}
+
+fn hand_store(dir: &Path) {
+    use crate::study::date;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut person =
+        String::from("person_id,gender_concept_id,year_of_birth,month_of_birth,day_of_birth\n");
+    let mut period = String::from(
+        "observation_period_id,person_id,observation_period_start_date,observation_period_end_date\n",
+    );
+    let mut era = String::from(
+        "drug_era_id,person_id,drug_concept_id,drug_era_start_date,drug_era_end_date\n",
+    );
+    let mut cond = String::from(
+        "condition_occurrence_id,person_id,condition_concept_id,condition_start_date\n",
+    );
+    let mut k = 0;
+    for (p, (era_day, outcomes)) in hand_cases().into_iter().enumerate() {
+        let p = p + 1;
+        let e = Y2020 + era_day;
+        person.push_str(&format!("{p},8507,1960,1,1\n"));
+        period.push_str(&format!("{p},{p},{},{}\n", date(Y2020), date(Y2020 + 365)));
+        era.push_str(&format!("{p},{p},5,{},{}\n", date(e), date(e)));
+        for o in outcomes {
+            k += 1;
+            cond.push_str(&format!("{k},{p},7,{}\n", date(e + o)));
+        }
+    }
+    for (f, text) in [
+        ("person.csv", person),
+        ("observation_period.csv", period),
+        ("drug_era.csv", era),
+        ("condition_occurrence.csv", cond),
+    ] {
+        std::fs::write(dir.join(f), text).unwrap();
+    }
+}
+
+/// The design the pipeline runs, as SQL settings (for the engine's own diagnostics functions).
+const HAND_SETTINGS: &str = r#"{"outcome": {"concept_ids": [7]},
+  "exposures": [{"concept_ids": [5], "label": "drug", "risk_windows": [{"start": 0, "end": 30}]}]"#;
+
+/// The columns of `table` in the OHDSI results model specification (SelfControlledCaseSeries
+/// `inst/csv/resultsDataModelSpecification.csv`), in its order.
+fn spec_columns(table: &str) -> &'static [&'static str] {
+    match table {
+        "sccs_likelihood_profile" => &[
+            "analysis_id",
+            "exposures_outcome_set_id",
+            "covariate_id",
+            "log_rr",
+            "log_likelihood",
+            "database_id",
+        ],
+        "sccs_time_trend" => &[
+            "analysis_id",
+            "exposures_outcome_set_id",
+            "calendar_year",
+            "calendar_month",
+            "observed_subjects",
+            "ratio",
+            "adjusted_ratio",
+            "database_id",
+        ],
+        "sccs_time_to_event" => &[
+            "analysis_id",
+            "exposures_outcome_set_id",
+            "era_id",
+            "week",
+            "observed_subjects",
+            "outcomes",
+            "database_id",
+        ],
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_llr_time_trend_time_to_event_and_pre_exposure_by_hand() {
+    use crate::study::{f64s, i64s, session, strings};
+    use datafusion::prelude::ParquetReadOptions;
+
+    let root = std::env::temp_dir().join(format!("epifusion-sccs-hand-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let store = root.join("store");
+    hand_store(&store);
+    let pipeline = root.join("p.toml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            r#"name = "hand"
+omop = "{store}"
+output = "out"
+database_id = "hand"
+[concept_sets.drug]
+concepts = [5]
+[concept_sets.event]
+concepts = [7]
+[[analysis]]
+name = "sccs"
+design = "sccs"
+exposures = ["drug"]
+outcomes = ["event"]
+[analysis.sccs]
+[[analysis.sccs.risk_windows]]
+start = 0
+end = 30
+"#,
+            store = store.display()
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = epifusion(&["run", &pipeline.display().to_string()]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let out = root.join("out");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let ctx = session(&store).await;
+    for name in [
+        "sccs_result",
+        "sccs_diagnostics_summary",
+        "sccs_likelihood_profile",
+        "sccs_time_trend",
+        "sccs_time_to_event",
+    ] {
+        let path = out.join(m["results"][name]["path"].as_str().unwrap());
+        ctx.register_parquet(name, path.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    let q = |sql: String| {
+        let ctx = ctx.clone();
+        async move { ctx.sql(&sql).await.unwrap().collect().await.unwrap() }
+    };
+    for name in [
+        "sccs_likelihood_profile",
+        "sccs_time_trend",
+        "sccs_time_to_event",
+    ] {
+        let schema = ctx.table(name).await.unwrap().schema().clone();
+        let got: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let want = spec_columns(name);
+        assert!(
+            want.iter().all(|c| got.contains(c)),
+            "{name}: {got:?} lacks some of {want:?}"
+        );
+    }
+
+    // The closed forms: one binary covariate, every case with the same 31 exposed of 366
+    // observed days, so the conditional log-likelihood is, up to a constant,
+    // ℓ(β) = Y_e β − N ln(E e^β + L − E), maximized at e^β̂ = (Y_e / E) / (Y_u / (L − E)).
+    let offsets: Vec<i64> = hand_cases().into_iter().flat_map(|c| c.1).collect();
+    let n = offsets.len() as f64;
+    let y_e = offsets.iter().filter(|&&o| (0..=30).contains(&o)).count() as f64;
+    let (l, e) = (OBSERVED_DAYS, EXPOSED_DAYS);
+    let beta_hat = ((y_e / e) / ((n - y_e) / (l - e))).ln();
+    let ll = |b: f64| y_e * b - n * (e * b.exp() + l - e).ln();
+
+    let r = q("SELECT log_rr, llr FROM sccs_result WHERE covariate_id = 1000".into()).await;
+    let (log_rr, llr) = (f64s(&r, "log_rr"), f64s(&r, "llr"));
+    assert_eq!(log_rr.len(), 1);
+    assert!(
+        (log_rr[0] - beta_hat).abs() < 1e-6,
+        "{log_rr:?} vs {beta_hat}"
+    );
+    // llr: the SCCS package's `fit$log_likelihood − profile(0)`.
+    assert!((llr[0] - (ll(beta_hat) - ll(0.0))).abs() < 1e-8, "{llr:?}");
+
+    // The profile: 201 points on [ln 0.1, ln 10] with 0 on the grid; its differences are ℓ's.
+    let p = q(
+        "SELECT log_rr, log_likelihood, exposures_outcome_set_id, analysis_id, database_id \
+               FROM sccs_likelihood_profile WHERE covariate_id = 1000 ORDER BY log_rr"
+            .into(),
+    )
+    .await;
+    let (x, y) = (f64s(&p, "log_rr"), f64s(&p, "log_likelihood"));
+    assert_eq!(x.len(), 201);
+    assert!((x[0] - 0.1f64.ln()).abs() < 1e-12 && (x[200] - 10f64.ln()).abs() < 1e-12);
+    assert_eq!(x[100], 0.0);
+    for (xi, yi) in x.iter().zip(&y) {
+        let want = ll(*xi) - ll(0.0);
+        assert!(
+            (yi - y[100] - want).abs() < 1e-8,
+            "at {xi}: {} vs {want}",
+            yi - y[100]
+        );
+    }
+    assert_eq!(i64s(&p, "exposures_outcome_set_id")[0], 1);
+    assert_eq!(i64s(&p, "analysis_id")[0], 1);
+    assert_eq!(strings(&p, "database_id")[0], "hand");
+
+    // Time trend: each case is observed all of 2020, Jan 1 to Dec 31, so R's month count is
+    // 11 + 31/31 + 31/31 = 13, each case's rate n_i / 13, a month's expected count N / 13 and
+    // its weighted observation count 8 (no splines: adjusted = plain).
+    let mut per_month: std::collections::BTreeMap<(i64, i64), i64> = Default::default();
+    for (era_day, outcomes) in hand_cases() {
+        for o in outcomes {
+            let (y, mth, _) = epifusion::engine::study::civil_from_days(Y2020 + era_day + o);
+            *per_month.entry((y, mth)).or_default() += 1;
+        }
+    }
+    let t = q(
+        "SELECT calendar_year, calendar_month, observed_subjects, ratio, adjusted_ratio, \
+               outcomes FROM sccs_time_trend ORDER BY calendar_year, calendar_month"
+            .into(),
+    )
+    .await;
+    let (years, months) = (i64s(&t, "calendar_year"), i64s(&t, "calendar_month"));
+    let got: Vec<(i64, i64)> = years.iter().copied().zip(months.iter().copied()).collect();
+    assert_eq!(got, per_month.keys().copied().collect::<Vec<_>>());
+    let cases = hand_cases().len() as i64;
+    assert!(i64s(&t, "observed_subjects").iter().all(|&s| s == cases));
+    let (ratio, adjusted) = (f64s(&t, "ratio"), f64s(&t, "adjusted_ratio"));
+    for (k, o) in per_month.values().enumerate() {
+        let want = *o as f64 / (n / 13.0);
+        assert!(
+            (ratio[k] - want).abs() < 1e-12,
+            "{k}: {} vs {want}",
+            ratio[k]
+        );
+        assert!((adjusted[k] - want).abs() < 1e-12);
+    }
+    assert_eq!(
+        i64s(&t, "outcomes"),
+        per_month.values().copied().collect::<Vec<_>>()
+    );
+
+    // Time to event: the engine's own `sccs_time_to_event` over the same design.
+    let ours =
+        q("SELECT week, observed_subjects, outcomes FROM sccs_time_to_event ORDER BY week".into())
+            .await;
+    let sql = q(format!(
+        "SELECT week, observed_cases, outcomes_exposed + outcomes_unexposed AS outcomes \
+         FROM sccs_time_to_event('{HAND_SETTINGS}}}') ORDER BY week"
+    ))
+    .await;
+    assert_eq!(i64s(&ours, "week"), i64s(&sql, "week"));
+    assert_eq!(
+        i64s(&ours, "observed_subjects"),
+        i64s(&sql, "observed_cases")
+    );
+    assert_eq!(i64s(&ours, "outcomes"), i64s(&sql, "outcomes"));
+    // By hand: weeks 0 … 4 (days 0 … 34 after the era) hold the 7 exposed outcomes, and every
+    // outcome within 26 weeks either side is counted once.
+    let w = i64s(&ours, "week");
+    let o = i64s(&ours, "outcomes");
+    let first_weeks: i64 = w
+        .iter()
+        .zip(&o)
+        .filter(|(w, _)| (0..5).contains(*w))
+        .map(|(_, o)| o)
+        .sum();
+    assert_eq!(first_weeks, y_e as i64);
+    let near = offsets
+        .iter()
+        .filter(|&&d| (-182..182).contains(&d))
+        .count() as i64;
+    assert_eq!(o.iter().sum::<i64>(), near);
+
+    // Diagnostics: time_trend_p equals the engine's `sccs_diagnostics` time-stability p with
+    // the results model's max ratio 1.25; pre_exposure_p is R `computePreExposureGain` by hand:
+    // 30 days each side of every era, B outcomes before and A after, so β̂ = ln(B / A),
+    // llr = B β̂ − (A + B) ln((e^β̂ + 1) / 2) and p = 1 − P(χ²₁ > 2 llr) / 2 as β̂ < 0.
+    let d = q(
+        "SELECT time_trend_p, pre_exposure_p, time_trend_diagnostic, \
+               pre_exposure_diagnostic, unblind FROM sccs_diagnostics_summary"
+            .into(),
+    )
+    .await;
+    let stability = q(format!(
+        "SELECT value FROM sccs_diagnostics('{HAND_SETTINGS}, \
+         \"diagnostics\": {{\"time_trend_max_ratio\": 1.25}}}}') WHERE diagnostic = 'time_stability'"
+    ))
+    .await;
+    let tt = f64s(&d, "time_trend_p")[0];
+    assert!((tt - f64s(&stability, "value")[0]).abs() < 1e-12, "{tt}");
+    assert_eq!(
+        strings(&d, "time_trend_diagnostic")[0],
+        if tt >= 0.05 { "PASS" } else { "FAIL" }
+    );
+    let before = offsets.iter().filter(|&&o| (-30..0).contains(&o)).count() as f64;
+    let after = offsets.iter().filter(|&&o| (0..=30).contains(&o)).count() as f64;
+    let b = (before / after).ln();
+    let pre_llr = before * b - (before + after) * ((b.exp() + 1.0) / 2.0).ln();
+    let pre_p = 1.0 - 0.5 * epifusion_core::sccs_diagnostics::chi2_1_upper(2.0 * pre_llr);
+    let got = f64s(&d, "pre_exposure_p")[0];
+    assert!((got - pre_p).abs() < 1e-10, "{got} vs {pre_p}");
+    assert_eq!(strings(&d, "pre_exposure_diagnostic")[0], "PASS");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -583,6 +583,163 @@ pub fn chi2_1_upper(x: f64) -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The results model's diagnostics (SelfControlledCaseSeries 5.x `exportToCsv`)
+// ---------------------------------------------------------------------------------------------
+
+/// `maxRatio` of R `computeTimeStability` (its default), with which the 5.x `exportToCsv` fills
+/// `sccs_diagnostics_summary.time_trend_p` ("whether the mean monthly ratio between observed
+/// and expected is no greater than 1.25").
+pub const RESULTS_TIME_TREND_MAX_RATIO: f64 = 1.25;
+
+/// `timeTrendPThreshold` and `preExposurePThreshold` of R `createSccsDiagnosticThresholds`
+/// (5.x): the diagnostic passes when `p ≥` this.
+pub const RESULTS_P_THRESHOLD: f64 = 0.05;
+
+/// A p-value diagnostic of the results model (`time_trend_p`, `pre_exposure_p`): pass when
+/// `p ≥ threshold`, fail below, not computed when there is no p (R `exportGroup`).
+pub fn classify_p(p: Option<f64>, threshold: f64) -> Status {
+    match p {
+        Some(p) if !p.is_nan() => {
+            if p >= threshold {
+                Status::Pass
+            } else {
+                Status::Fail
+            }
+        }
+        _ => Status::NotComputed,
+    }
+}
+
+/// One-sided p from a log-likelihood ratio (EmpiricalCalibration's `computePFromLlr`, null
+/// log RR 0): `P(χ²₁ > 2·llr) / 2` when the estimate is ≥ 0, one minus that when it is below.
+pub fn p_from_llr(llr: f64, log_rr: f64) -> f64 {
+    let upper = 0.5 * chi2_1_upper(2.0 * llr.max(0.0));
+    if log_rr < 0.0 {
+        1.0 - upper
+    } else {
+        upper
+    }
+}
+
+/// One case of R `computePreExposureGain`: days observed in the 30 days before its first
+/// exposure start and from it on (each capped at 30), and the outcomes in them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreExposureCase {
+    /// `min(first exposure start − case start, 30)`.
+    pub days_before: f64,
+    /// Outcomes 1–30 days before the first exposure start.
+    pub outcomes_before: u64,
+    /// `min(case end − first exposure start, 30)`.
+    pub days_after: f64,
+    /// Outcomes 0–30 days after the first exposure start.
+    pub outcomes_after: u64,
+}
+
+/// Result of [`pre_exposure_gain`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreExposureGain {
+    /// ln of the rate ratio before / after the first exposure start (±∞ when every outcome is
+    /// on one side).
+    pub log_ratio: f64,
+    /// `ℓ(β̂) − ℓ(0)`.
+    pub llr: f64,
+    /// One-sided p against the null that the rate before is at most the rate after
+    /// ([`p_from_llr`]).
+    pub p: f64,
+}
+
+/// Conditional (per-case) Poisson log-likelihood of the pre-exposure indicator, without the
+/// terms that do not depend on β: `Σ_i y_before,i·β − n_i·ln(b_i e^β + a_i)`.
+fn pre_exposure_log_likelihood(cases: &[PreExposureCase], beta: f64) -> f64 {
+    cases
+        .iter()
+        .map(|c| {
+            let n = (c.outcomes_before + c.outcomes_after) as f64;
+            let (x, y) = (c.days_before.ln() + beta, c.days_after.ln());
+            let log_sum = x.max(y) + (-(x - y).abs()).exp().ln_1p();
+            c.outcomes_before as f64 * beta - n * log_sum
+        })
+        .sum()
+}
+
+/// Pre-exposure gain (R `computePreExposureGain`, SelfControlledCaseSeries 5.x, the
+/// `pre_exposure_p` of the results model): a conditional Poisson model, one stratum per case,
+/// of the outcomes in the 30 days before against the 30 days from the first exposure start,
+/// with the indicator "before" as the only covariate; `p` is one-sided
+/// ([`p_from_llr`] of `ℓ(β̂) − ℓ(0)`).
+///
+/// Rows with no observed days are left out (R: `filter(daysObserved > 0)`), so a case
+/// observed on one side only, or without outcomes, does not inform β. None when no case
+/// informs it (R returns NA: the fit fails). When every informative outcome falls on one
+/// side, β̂ is ±∞ and `llr` is the limit of `ℓ(β) − ℓ(0)` (Cyclops would stop at a large
+/// finite β with the same p to many digits).
+pub fn pre_exposure_gain(cases: &[PreExposureCase]) -> Option<PreExposureGain> {
+    let informative: Vec<PreExposureCase> = cases
+        .iter()
+        .filter(|c| {
+            c.days_before > 0.0 && c.days_after > 0.0 && c.outcomes_before + c.outcomes_after > 0
+        })
+        .copied()
+        .collect();
+    if informative.is_empty() {
+        return None;
+    }
+    let before: u64 = informative.iter().map(|c| c.outcomes_before).sum();
+    let total: u64 = informative
+        .iter()
+        .map(|c| c.outcomes_before + c.outcomes_after)
+        .sum();
+    let l0 = pre_exposure_log_likelihood(&informative, 0.0);
+    let (log_ratio, l_max) = if before == 0 {
+        // ℓ(β) → Σ −n_i ln a_i as β → −∞.
+        let lim: f64 = informative
+            .iter()
+            .map(|c| -((c.outcomes_before + c.outcomes_after) as f64) * c.days_after.ln())
+            .sum();
+        (f64::NEG_INFINITY, lim)
+    } else if before == total {
+        // ℓ(β) → Σ −n_i ln b_i as β → +∞ (y_before,i = n_i).
+        let lim: f64 = informative
+            .iter()
+            .map(|c| -((c.outcomes_before + c.outcomes_after) as f64) * c.days_before.ln())
+            .sum();
+        (f64::INFINITY, lim)
+    } else {
+        // The score Σ y_b − n·b e^β / (b e^β + a) decreases in β: bisection.
+        let score = |beta: f64| -> f64 {
+            informative
+                .iter()
+                .map(|c| {
+                    let n = (c.outcomes_before + c.outcomes_after) as f64;
+                    let w = 1.0 / (1.0 + (c.days_after.ln() - c.days_before.ln() - beta).exp());
+                    c.outcomes_before as f64 - n * w
+                })
+                .sum()
+        };
+        let (mut lo, mut hi) = (-50.0f64, 50.0f64);
+        for _ in 0..200 {
+            let mid = 0.5 * (lo + hi);
+            if score(mid) > 0.0 {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+            if hi - lo < 1e-14 {
+                break;
+            }
+        }
+        let b = 0.5 * (lo + hi);
+        (b, pre_exposure_log_likelihood(&informative, b))
+    };
+    let llr = (l_max - l0).max(0.0);
+    Some(PreExposureGain {
+        log_ratio,
+        llr,
+        p: p_from_llr(llr, log_ratio),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // Classification
 // ---------------------------------------------------------------------------------------------
 
@@ -814,6 +971,43 @@ mod tests {
         let rr = |_m: i64| 2.5;
         let adj = outcome_rate_per_month(&[a, b], Some(&rr));
         assert!((adj[0].expected - rows[0].expected).abs() < 1e-12);
+    }
+
+    /// Every case observed 30 days on each side: the MLE is ln(before / after) and
+    /// ℓ(β) − ℓ(0) = y_b·β − N·ln((e^β + 1) / 2) by hand.
+    #[test]
+    fn pre_exposure_gain_by_hand() {
+        let case = |b, a| PreExposureCase {
+            days_before: 30.0,
+            outcomes_before: b,
+            days_after: 30.0,
+            outcomes_after: a,
+        };
+        let cases = [case(3, 1), case(2, 0), case(1, 1), case(0, 0)];
+        let g = pre_exposure_gain(&cases).unwrap();
+        let (yb, n) = (6.0f64, 8.0f64);
+        let beta = (yb / (n - yb)).ln();
+        assert!((g.log_ratio - beta).abs() < 1e-10, "{g:?}");
+        let llr = yb * beta - n * ((beta.exp() + 1.0) / 2.0).ln();
+        assert!((g.llr - llr).abs() < 1e-10, "{g:?}");
+        let p = 0.5 * chi2_1_upper(2.0 * llr);
+        assert!((g.p - p).abs() < 1e-12);
+        // Mirrored: the rate is lower before, p above 1/2.
+        let mirrored: Vec<_> = cases
+            .iter()
+            .map(|c| case(c.outcomes_after, c.outcomes_before))
+            .collect();
+        let m = pre_exposure_gain(&mirrored).unwrap();
+        assert!((m.log_ratio + beta).abs() < 1e-10);
+        assert!((m.p - (1.0 - p)).abs() < 1e-12);
+        // Nothing informs β; everything before: β̂ = +∞, llr = N ln 2.
+        assert_eq!(pre_exposure_gain(&[case(0, 0)]), None);
+        let all = pre_exposure_gain(&[case(2, 0), case(1, 0)]).unwrap();
+        assert_eq!(all.log_ratio, f64::INFINITY);
+        assert!((all.llr - 3.0 * 2f64.ln()).abs() < 1e-12);
+        assert_eq!(classify_p(Some(0.05), RESULTS_P_THRESHOLD), Status::Pass);
+        assert_eq!(classify_p(Some(0.049), RESULTS_P_THRESHOLD), Status::Fail);
+        assert_eq!(classify_p(None, RESULTS_P_THRESHOLD), Status::NotComputed);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod sccs_results;
+pub mod sccs_series;
 pub mod spec;
 pub mod tables;
 

@@ -14,7 +14,8 @@
 //! 3. one set of result objects is written: `estimates`, `attrition`, `covariate_ref` and
 //!    `diagnostics` with an `exposure` column (one diagnostics row per exposure), plus
 //!    `sccs_stats` (per exposure and risk-window covariate: the counts of the OHDSI
-//!    `sccs_result` table and what the MDRR needs).
+//!    `sccs_result` table and what the MDRR needs), and the likelihood profiles, time trend,
+//!    time to event and pre-exposure gain of each pair ([`crate::sccs_series`]).
 //!
 //! The unit is the unit of resume and of the manifest: it is complete when all its exposures
 //! are written (the atomicity rules of `pipelines/README.md`). A pair whose fit fails (e.g. no
@@ -39,6 +40,7 @@ use toml::Spanned;
 use super::plan::{fingerprint, Analysis, Design};
 use super::progress::Progress;
 use super::run::{analysis_err, fit, one_row, prepend, utf8, Staged};
+use super::sccs_series;
 use super::spec::{AnalysisSpec, PipelineFile, Source};
 use super::tables::{sccs_settings, StudyTables};
 use super::PipelineError;
@@ -193,7 +195,7 @@ pub(crate) async fn outcome_stage(
     ));
     let pairs: Vec<Analysis> = a.exposures.iter().map(|e| pair(a, e)).collect();
     let d = outcome_design(a, &pairs).map_err(|e| analysis_err(a, e))?;
-    let tables = study::build_sccs_each_exposure(ctx, &d)
+    let (tables, exposure_cases) = study::build_sccs_each_exposure_with_cases(ctx, &d)
         .await
         .map_err(|e| analysis_err(a, e))?;
     let build_seconds = t0.elapsed().as_secs_f64();
@@ -217,11 +219,35 @@ pub(crate) async fn outcome_stage(
         })
         .collect();
     // Each fit registers its tables in a session of its own, so the fits can run at once.
-    let fits = futures::future::join_all(pairs.iter().zip(&tables).map(|(p, t)| async move {
-        let t_fit = Instant::now();
-        let r = fit(&SessionContext::new(), p, t).await;
-        (r, t_fit.elapsed().as_secs_f64())
-    }))
+    // After a pair's fit: its likelihood profiles (a second fit) and its time-based
+    // diagnostics (on a blocking thread), for the OHDSI results tables.
+    let fits = futures::future::join_all(pairs.iter().zip(&tables).zip(&exposure_cases).map(
+        |((p, t), cases)| async move {
+            let t_fit = Instant::now();
+            let r = fit(&SessionContext::new(), p, t).await;
+            let seconds = t_fit.elapsed().as_secs_f64();
+            let (profile, series) = match &r {
+                Ok(f) => {
+                    let profile = sccs_series::likelihood_profile(p, t).await;
+                    let coefficients = sccs_series::coefficients(&f.estimates);
+                    let cases = cases.clone();
+                    let series =
+                        match coefficients {
+                            Ok(c) => datafusion::common::runtime::SpawnedTask::spawn_blocking(
+                                move || sccs_series::pair_series(&cases, &c),
+                            )
+                            .join()
+                            .await
+                            .ok(),
+                            Err(_) => None,
+                        };
+                    (profile, series)
+                }
+                Err(_) => (Ok(None), None),
+            };
+            (r, seconds, profile, series)
+        },
+    ))
     .await;
     let fit_seconds = t1.elapsed().as_secs_f64();
 
@@ -231,8 +257,19 @@ pub(crate) async fn outcome_stage(
     let mut diagnostics = Vec::new();
     let mut stats = Vec::new();
     let mut failures = Vec::new();
-    for ((p, t), (result, seconds)) in pairs.iter().zip(&tables).zip(fits) {
+    let mut series = Vec::new();
+    for ((p, t), (result, seconds, profile, pair_series)) in pairs.iter().zip(&tables).zip(fits) {
         let exposure = p.role("exposure").unwrap_or_default().to_string();
+        let profile = match profile {
+            Ok(profile) => profile,
+            Err(err) => {
+                progress.step(&format!(
+                    "{tag}: {exposure}: no likelihood profile ({err}); llr is NULL"
+                ));
+                None
+            }
+        };
+        series.push((exposure.clone(), profile, pair_series));
         let e = |x| analysis_err(a, x);
         let with_exposure = |b: &[RecordBatch]| {
             prepend(
@@ -290,7 +327,11 @@ pub(crate) async fn outcome_stage(
         rows,
         build_seconds,
         fit_seconds,
-        extra: vec![("sccs_stats".into(), stats)],
+        extra: {
+            let mut extra = vec![("sccs_stats".into(), stats)];
+            extra.extend(sccs_series::unit_tables(a, &series).map_err(|e| analysis_err(a, e))?);
+            extra
+        },
     })
 }
 

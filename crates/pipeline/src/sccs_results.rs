@@ -19,8 +19,11 @@
 //!
 //! | object | rows | columns |
 //! |---|---|---|
-//! | `sccs_result.parquet` | pair × covariate of interest | OHDSI `sccs_result` (`analysis_id`, `exposures_outcome_set_id`, `covariate_id`, `rr`, `ci_95_lb`, `ci_95_ub`, `p`, `one_sided_p`, `outcome_subjects`, `outcome_events`, `outcome_observation_periods`, `covariate_subjects`, `covariate_days`, `covariate_eras` (NULL), `covariate_outcomes`, `observed_days`, `log_rr`, `se_log_rr`, `llr` (NULL: the null-constrained fit is not run), `calibrated_*`, `database_id`) |
-//! | `sccs_diagnostics_summary.parquet` | pair × covariate of interest | OHDSI columns; `mdrr` (SCCS package `computeMdrr`, α 0.05, power 0.8, two-sided) and `ease` are computed; `time_trend_p` / `pre_exposure_p` are NULL and their diagnostics `not evaluated` (the SQL `sccs_diagnostics` computes them per pair) |
+//! | `sccs_result.parquet` | pair × covariate of interest | OHDSI `sccs_result` (`analysis_id`, `exposures_outcome_set_id`, `covariate_id`, `rr`, `ci_95_lb`, `ci_95_ub`, `p`, `one_sided_p`, `outcome_subjects`, `outcome_events`, `outcome_observation_periods`, `covariate_subjects`, `covariate_days`, `covariate_eras` (NULL), `covariate_outcomes`, `observed_days`, `log_rr`, `se_log_rr`, `llr`, `calibrated_*`, `database_id`); `llr` is the SCCS package's `fit$log_likelihood − getCyclopsProfileLogLikelihood(fit, covariate, x = 0)$value`: the profiled objective at the estimate minus at log RR 0 (the others re-fitted), read from the likelihood profile (NULL when the profile has no point at 0) |
+//! | `sccs_diagnostics_summary.parquet` | pair × covariate of interest | OHDSI columns, as the 5.x `exportToCsv` fills them: `mdrr` (`computeMdrr`, α 0.05, power 0.8, two-sided), `ease`, `time_trend_p` (`computeTimeStability`, max ratio 1.25, per pair), `pre_exposure_p` (`computePreExposureGain`, per pair); each diagnostic PASS / FAIL / NOT EVALUATED against `createSccsDiagnosticThresholds()` (MDRR ≤ 10, EASE ≤ 0.25, p ≥ 0.05); `unblind` when none fails, `unblind_for_evidence_synthesis` ignoring the MDRR |
+//! | `sccs_likelihood_profile.parquet` | pair × covariate of interest × grid point | OHDSI `sccs_likelihood_profile` (`analysis_id`, `exposures_outcome_set_id`, `covariate_id`, `log_rr`, `log_likelihood` (the profiled objective, penalty included, as `getCyclopsProfileLogLikelihood(includePenalty = TRUE)`), `database_id`) on the 201 points of [`crate::sccs_series::profile_grid`] |
+//! | `sccs_time_trend.parquet` | pair × calendar month with an outcome | OHDSI `sccs_time_trend` (`analysis_id`, `exposures_outcome_set_id`, `calendar_year`, `calendar_month`, `observed_subjects`, `ratio`, `adjusted_ratio`, `database_id`) plus `outcomes` (the month's observed count): R `computeOutcomeRatePerMonth` |
+//! | `sccs_time_to_event.parquet` | pair × week −26 … 25 with someone observed | OHDSI `sccs_time_to_event` (`analysis_id`, `exposures_outcome_set_id`, `era_id` (as in `sccs_covariate`), `week`, `observed_subjects`, `outcomes`, `database_id`): R `computeTimeToEvent` (`outcomes` = exposed + unexposed) |
 //! | `sccs_attrition.parquet` | pair × covariate × step | OHDSI `sccs_attrition` (`sequence_number`, `description`, `analysis_id`, `exposures_outcome_set_id`, `covariate_id`, `database_id`, `outcome_subjects`, `outcome_events`, `outcome_observation_periods`, `observed_days` (NULL except on the last step)) |
 //! | `sccs_covariate.parquet` | pair × covariate | OHDSI `sccs_covariate` (`analysis_id`, `exposures_outcome_set_id`, `covariate_id`, `covariate_name`, `era_id` (the concept id when the set has one), `covariate_analysis_id`, `database_id`) |
 //! | `sccs_exposures_outcome_set.parquet` | pair | `exposures_outcome_set_id`, `outcome_id` (NULL: outcomes are concept sets, not cohorts), `nesting_cohort_id` (NULL), plus `analysis_id`, `analysis_name`, `exposure`, `outcome`, `true_effect_size` (1 for negative controls) to map the ids to the pipeline's names |
@@ -46,7 +49,9 @@ use epifusion_core::calibration::{
     calibrate_confidence_interval, calibrate_p, calibrate_p_sided, convert_null_to_error_model,
     ease, fit_null, traditional_p, EmpiricalNull, PValueSide, MIN_NEGATIVE_CONTROLS,
 };
-use epifusion_core::sccs_diagnostics::{classify_ease, classify_mdrr, mdrr, DiagnosticThresholds};
+use epifusion_core::sccs_diagnostics::{
+    classify_ease, classify_mdrr, classify_p, mdrr, DiagnosticThresholds, RESULTS_P_THRESHOLD,
+};
 
 use super::output::{ObjectRef, Output};
 use super::plan::{Analysis, Pipeline};
@@ -69,6 +74,7 @@ struct Estimate {
     se_log_rr: Option<f64>,
     log_lb: Option<f64>,
     log_ub: Option<f64>,
+    llr: Option<f64>,
     stats: Option<Stats>,
 }
 
@@ -100,6 +106,24 @@ struct Calibrated {
 struct NullGroup {
     null: Result<EmpiricalNull, String>,
     controls: Vec<(f64, f64)>,
+}
+
+/// Key of a pair: (analysis index, exposures_outcome_set_id).
+type PairKey = (usize, i64);
+
+/// What the units' [`crate::sccs_series`] objects hold, by pair.
+#[derive(Debug, Default)]
+struct Series {
+    /// Profile points (not the estimate): ((pair, covariate), log RR, profiled objective).
+    profile: Vec<((usize, i64, i64), f64, f64)>,
+    /// Per (pair, covariate): the profiled objective at the estimate and at log RR 0.
+    profile_ends: BTreeMap<(usize, i64, i64), (Option<f64>, Option<f64>)>,
+    /// Time trend: [year, month, observed subjects, outcomes], [ratio, adjusted ratio].
+    trend: Vec<(PairKey, [i64; 4], [f64; 2])>,
+    /// Time to event: [week, observed subjects, outcomes].
+    weeks: Vec<(PairKey, [i64; 3])>,
+    /// Per pair: time-trend p, pre-exposure p.
+    pair_p: BTreeMap<PairKey, (Option<f64>, Option<f64>)>,
 }
 
 /// What the run writes and shows for its SCCS analyses.
@@ -190,6 +214,7 @@ pub async fn write(
     let mut estimates: Vec<Estimate> = Vec::new();
     let mut attrition: Vec<(usize, i64, String, RecordBatch)> = Vec::new();
     let mut covariates: Vec<(usize, i64, i64, String, Option<i64>, i64)> = Vec::new();
+    let mut series = Series::default();
     for (a, m) in &units {
         let outcome = a.role("outcome").unwrap_or_default().to_string();
         for e in &a.exposures {
@@ -262,6 +287,7 @@ pub async fn write(
                     se_log_rr: opt(&se, i).filter(|s| *s > 0.0),
                     log_lb: opt(&lo, i),
                     log_ub: opt(&hi, i),
+                    llr: None,
                     stats: stats.get(&(e, c)).copied(),
                 });
             }
@@ -284,6 +310,7 @@ pub async fn write(
                 se_log_rr: None,
                 log_lb: None,
                 log_ub: None,
+                llr: None,
                 stats: Some(*s),
             });
         }
@@ -328,6 +355,101 @@ pub async fn write(
                 ));
             }
         }
+        for b in read(m, "sccs_profile").await? {
+            let ex = str_col(&b, "exposure").map_err(err)?;
+            let (cov, lr, prof) = (
+                i64_col(&b, "covariate_id").map_err(err)?,
+                f64_col(&b, "log_rr").map_err(err)?,
+                f64_col(&b, "profile").map_err(err)?,
+            );
+            let est = cast(col(&b, "is_estimate").map_err(err)?, &DataType::Boolean)
+                .map_err(|e| err(e.into()))?;
+            let est = est.as_boolean();
+            for i in 0..b.num_rows() {
+                let Some(eos_id) = eos_of(ex.value(i)) else {
+                    continue;
+                };
+                let key = (a.index, eos_id, cov.value(i));
+                let (x, y) = (lr.value(i), prof.value(i));
+                let entry = series.profile_ends.entry(key).or_default();
+                if est.value(i) {
+                    entry.0 = Some(y);
+                } else {
+                    if x == 0.0 {
+                        entry.1 = Some(y);
+                    }
+                    series.profile.push((key, x, y));
+                }
+            }
+        }
+        for b in read(m, "sccs_time_trend").await? {
+            let ex = str_col(&b, "exposure").map_err(err)?;
+            let g = |n: &str| i64_col(&b, n).map_err(err);
+            let (year, month, subjects, outcomes) = (
+                g("calendar_year")?,
+                g("calendar_month")?,
+                g("observed_subjects")?,
+                g("outcomes")?,
+            );
+            let (ratio, adjusted) = (
+                f64_col(&b, "ratio").map_err(err)?,
+                f64_col(&b, "adjusted_ratio").map_err(err)?,
+            );
+            for i in 0..b.num_rows() {
+                let Some(eos_id) = eos_of(ex.value(i)) else {
+                    continue;
+                };
+                series.trend.push((
+                    (a.index, eos_id),
+                    [
+                        year.value(i),
+                        month.value(i),
+                        subjects.value(i),
+                        outcomes.value(i),
+                    ],
+                    [ratio.value(i), adjusted.value(i)],
+                ));
+            }
+        }
+        for b in read(m, "sccs_time_to_event").await? {
+            let ex = str_col(&b, "exposure").map_err(err)?;
+            let g = |n: &str| i64_col(&b, n).map_err(err);
+            let (week, subjects, outcomes) = (g("week")?, g("observed_subjects")?, g("outcomes")?);
+            for i in 0..b.num_rows() {
+                let Some(eos_id) = eos_of(ex.value(i)) else {
+                    continue;
+                };
+                series.weeks.push((
+                    (a.index, eos_id),
+                    [week.value(i), subjects.value(i), outcomes.value(i)],
+                ));
+            }
+        }
+        for b in read(m, "sccs_pair_diagnostics").await? {
+            let ex = str_col(&b, "exposure").map_err(err)?;
+            let (tt, pe) = (
+                f64_col(&b, "time_trend_p").map_err(err)?,
+                f64_col(&b, "pre_exposure_p").map_err(err)?,
+            );
+            for i in 0..b.num_rows() {
+                let Some(eos_id) = eos_of(ex.value(i)) else {
+                    continue;
+                };
+                let value =
+                    |v: &Float64Array| (!v.is_null(i) && !v.value(i).is_nan()).then(|| v.value(i));
+                series
+                    .pair_p
+                    .insert((a.index, eos_id), (value(&tt), value(&pe)));
+            }
+        }
+    }
+    // llr = profile at the estimate − profile at 0 (the SCCS package's
+    // `fit$log_likelihood − getCyclopsProfileLogLikelihood(fit, parm, x = 0)$value`).
+    for e in &mut estimates {
+        e.llr = series
+            .profile_ends
+            .get(&(e.analysis_index, e.eos_id, e.covariate_id))
+            .and_then(|(at_estimate, at_zero)| Some(at_estimate.as_ref()? - at_zero.as_ref()?));
     }
 
     // Empirical nulls per (analysis, exposure, covariate).
@@ -444,7 +566,7 @@ pub async fn write(
             "se_log_rr",
             f(estimates.iter().map(|e| e.se_log_rr).collect()),
         ),
-        ("llr", f(vec![None; n])),
+        ("llr", f(estimates.iter().map(|e| e.llr).collect())),
         ("calibrated_rr", cal_exp(|c| c.log_rr)),
         ("calibrated_ci_95_lb", cal_exp(|c| c.log_lb)),
         ("calibrated_ci_95_ub", cal_exp(|c| c.log_ub)),
@@ -458,12 +580,22 @@ pub async fn write(
 
     // sccs_diagnostics_summary.
     let t = DiagnosticThresholds::default();
-    let mut diag_rows: Vec<[String; 6]> = Vec::new();
+    let mut diag_rows: Vec<[String; 8]> = Vec::new();
     let mut mdrrs = Vec::with_capacity(n);
     let mut eases = Vec::with_capacity(n);
     let (mut md_s, mut ea_s, mut unblind, mut unblind_es) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tt_p, mut pe_p, mut tt_s, mut pe_s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for e in &estimates {
+        let (tp, pp) = series
+            .pair_p
+            .get(&(e.analysis_index, e.eos_id))
+            .copied()
+            .unwrap_or_default();
+        let (ts, ps) = (
+            classify_p(tp, RESULTS_P_THRESHOLD),
+            classify_p(pp, RESULTS_P_THRESHOLD),
+        );
         let m = e.stats.map(|s| {
             let r = s.covariate_days as f64 / s.case_days as f64;
             mdrr(
@@ -491,8 +623,19 @@ pub async fn write(
             .to_string()
         };
         let fail = |s: epifusion_core::sccs_diagnostics::Status| s.name() == "fail";
-        unblind.push(Some(i64::from(!fail(ms) && !fail(es))));
-        unblind_es.push(Some(i64::from(!fail(es))));
+        // R `exportGroup`: unblind when no diagnostic fails; for evidence synthesis the MDRR
+        // is ignored.
+        unblind.push(Some(i64::from(
+            !fail(ms) && !fail(es) && !fail(ts) && !fail(ps),
+        )));
+        unblind_es.push(Some(i64::from(!fail(es) && !fail(ts) && !fail(ps))));
+        let p_cell = |p: Option<f64>, s| {
+            format!(
+                "{} {}",
+                p.map_or("–".into(), |p| format!("p {p:.3}")),
+                label(s)
+            )
+        };
         diag_rows.push([
             e.analysis.clone(),
             e.exposure.clone(),
@@ -518,11 +661,17 @@ pub async fn write(
                 ea.map_or("–".into(), |x| format!("{x:.3}")),
                 label(es)
             ),
+            p_cell(tp, ts),
+            p_cell(pp, ps),
         ]);
         mdrrs.push(m.filter(|m| m.is_finite()));
         eases.push(ea);
         md_s.push(label(ms));
         ea_s.push(label(es));
+        tt_p.push(tp);
+        pe_p.push(pp);
+        tt_s.push(label(ts));
+        pe_s.push(label(ps));
     }
     let s = |v: Vec<String>| Arc::new(StringArray::from(v)) as ArrayRef;
     let diagnostics = batch(vec![
@@ -532,15 +681,12 @@ pub async fn write(
         ("database_id", db_col.clone()),
         ("mdrr", f(mdrrs)),
         ("ease", f(eases)),
-        ("time_trend_p", f(vec![None; n])),
-        ("pre_exposure_p", f(vec![None; n])),
+        ("time_trend_p", f(tt_p)),
+        ("pre_exposure_p", f(pe_p)),
         ("mdrr_diagnostic", s(md_s)),
         ("ease_diagnostic", s(ea_s)),
-        ("time_trend_diagnostic", s(vec!["NOT EVALUATED".into(); n])),
-        (
-            "pre_exposure_diagnostic",
-            s(vec!["NOT EVALUATED".into(); n]),
-        ),
+        ("time_trend_diagnostic", s(tt_s)),
+        ("pre_exposure_diagnostic", s(pe_s)),
         ("unblind", i(unblind)),
         ("unblind_for_evidence_synthesis", i(unblind_es)),
     ])
@@ -676,6 +822,107 @@ pub async fn write(
     ])
     .map_err(err)?;
 
+    // sccs_likelihood_profile, sccs_time_trend, sccs_time_to_event.
+    let np = series.profile.len();
+    let likelihood_profile = batch(vec![
+        (
+            "analysis_id",
+            i(series
+                .profile
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
+        ),
+        (
+            "exposures_outcome_set_id",
+            i(series.profile.iter().map(|r| Some(r.0 .1)).collect()),
+        ),
+        (
+            "covariate_id",
+            i(series.profile.iter().map(|r| Some(r.0 .2)).collect()),
+        ),
+        (
+            "log_rr",
+            f(series.profile.iter().map(|r| Some(r.1)).collect()),
+        ),
+        (
+            "log_likelihood",
+            f(series.profile.iter().map(|r| Some(r.2)).collect()),
+        ),
+        ("database_id", s(vec![db.clone(); np])),
+    ])
+    .map_err(err)?;
+    let nt = series.trend.len();
+    let trend_i = |k: usize| i(series.trend.iter().map(|r| Some(r.1[k])).collect());
+    let time_trend = batch(vec![
+        (
+            "analysis_id",
+            i(series
+                .trend
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
+        ),
+        (
+            "exposures_outcome_set_id",
+            i(series.trend.iter().map(|r| Some(r.0 .1)).collect()),
+        ),
+        ("calendar_year", trend_i(0)),
+        ("calendar_month", trend_i(1)),
+        ("observed_subjects", trend_i(2)),
+        (
+            "ratio",
+            f(series.trend.iter().map(|r| Some(r.2[0])).collect()),
+        ),
+        (
+            "adjusted_ratio",
+            f(series.trend.iter().map(|r| Some(r.2[1])).collect()),
+        ),
+        ("outcomes", trend_i(3)),
+        ("database_id", s(vec![db.clone(); nt])),
+    ])
+    .map_err(err)?;
+    // era_id: the concept of the pair's first covariate of interest (sccs_covariate's era_id).
+    let era_of = |key: &PairKey| {
+        covariates
+            .iter()
+            .find(|c| (c.0, c.1) == *key && c.2 >= super::many::EXPOSURE_BASE)
+            .and_then(|c| c.4)
+    };
+    let nw = series.weeks.len();
+    let time_to_event = batch(vec![
+        (
+            "analysis_id",
+            i(series
+                .weeks
+                .iter()
+                .map(|r| Some(r.0 .0 as i64 + 1))
+                .collect()),
+        ),
+        (
+            "exposures_outcome_set_id",
+            i(series.weeks.iter().map(|r| Some(r.0 .1)).collect()),
+        ),
+        (
+            "era_id",
+            i(series.weeks.iter().map(|r| era_of(&r.0)).collect()),
+        ),
+        (
+            "week",
+            i(series.weeks.iter().map(|r| Some(r.1[0])).collect()),
+        ),
+        (
+            "observed_subjects",
+            i(series.weeks.iter().map(|r| Some(r.1[1])).collect()),
+        ),
+        (
+            "outcomes",
+            i(series.weeks.iter().map(|r| Some(r.1[2])).collect()),
+        ),
+        ("database_id", s(vec![db.clone(); nw])),
+    ])
+    .map_err(err)?;
+
     let mut objects = BTreeMap::new();
     for (name, batches) in [
         ("sccs_result", vec![result]),
@@ -683,6 +930,9 @@ pub async fn write(
         ("sccs_attrition", att),
         ("sccs_covariate", vec![covariate]),
         ("sccs_exposures_outcome_set", vec![exposures_outcome_set]),
+        ("sccs_likelihood_profile", vec![likelihood_profile]),
+        ("sccs_time_trend", vec![time_trend]),
+        ("sccs_time_to_event", vec![time_to_event]),
     ] {
         if batches.is_empty() {
             continue;
@@ -762,8 +1012,8 @@ pub async fn write(
             escape(&r[3]),
             cell(&r[4]),
             cell(&r[5]),
-            cell("– NOT EVALUATED"),
-            cell("– NOT EVALUATED"),
+            cell(&r[6]),
+            cell(&r[7]),
         );
     }
     table.push_str("</tbody></table>\n");

@@ -62,7 +62,8 @@ use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
 use epifusion_core::model::ModelKind;
 use epifusion_core::sccs_diagnostics::{
     ci_intersects, classify_ease, classify_mdrr, classify_rare_outcome, mdrr,
-    outcome_rate_per_month, time_stability, CaseMonths, DiagnosticThresholds, Status,
+    outcome_rate_per_month, time_stability, CaseMonths, DiagnosticThresholds, MonthCount,
+    PreExposureCase, Status, TimeStability,
 };
 
 use super::functions::StudyTable;
@@ -424,44 +425,11 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
                 .collect()
         })
         .unwrap_or_default();
-    let month_cases: Vec<CaseMonths> = cases
-        .data
-        .iter()
-        .filter(|c| c.end >= c.start)
-        .map(|c| {
-            let (ys, ms, ds) = civil_from_days(c.start);
-            let (ye, me, de) = civil_from_days(c.end);
-            CaseMonths {
-                start_month: ys * 12 + ms - 1,
-                start_day_of_month: ds as u32,
-                end_month: ye * 12 + me - 1,
-                end_day_of_month: de as u32,
-                outcome_months: c
-                    .events
-                    .iter()
-                    .map(|&e| {
-                        let (y, m, _) = civil_from_days(e);
-                        y * 12 + m - 1
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
     let adjusted = d.season_spline.is_some() || d.calendar_spline.is_some();
-    let plan = &cases.plan;
-    let month_rr = |month: i64| -> f64 {
-        let day = super::days_from_civil(month.div_euclid(12), month.rem_euclid(12) + 1, 1);
-        plan.season_calendar_covariates(day)
-            .iter()
-            .map(|(id, v)| coefs.get(id).copied().unwrap_or(0.0) * v)
-            .sum::<f64>()
-            .exp()
-    };
-    let months = if adjusted && fit_ref.is_some() {
-        outcome_rate_per_month(&month_cases, Some(&month_rr))
-    } else {
-        outcome_rate_per_month(&month_cases, None)
-    };
+    let months = month_counts(
+        &cases,
+        adjusted.then_some(&coefs).filter(|_| fit_ref.is_some()),
+    );
     let observed: Vec<u64> = months.iter().map(|m| m.observed).collect();
     let expected: Vec<f64> = months.iter().map(|m| m.expected).collect();
     let stability = time_stability(
@@ -471,6 +439,7 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
         t.time_trend_alpha,
     );
 
+    let plan = &cases.plan;
     let windows = plan.window_ids();
     let mut rows = Vec::new();
     for x in 0..d.exposures.len() {
@@ -653,6 +622,138 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
         Arc::new(StringArray::from_iter(rows.iter().map(|r| r.notes.clone()))),
     ];
     Ok(RecordBatch::try_new(diagnostics_schema(), columns)?)
+}
+
+/// Each case's observation in calendar months, with its outcomes' months (R
+/// `computeOutcomeRatePerMonth`'s `cases`).
+fn case_months(cases: &SccsCases) -> Vec<CaseMonths> {
+    let month_of = |day: i64| {
+        let (y, m, _) = civil_from_days(day);
+        y * 12 + m - 1
+    };
+    cases
+        .data
+        .iter()
+        .filter(|c| c.end >= c.start)
+        .map(|c| {
+            let (_, _, ds) = civil_from_days(c.start);
+            let (_, _, de) = civil_from_days(c.end);
+            CaseMonths {
+                start_month: month_of(c.start),
+                start_day_of_month: ds as u32,
+                end_month: month_of(c.end),
+                end_day_of_month: de as u32,
+                outcome_months: c.events.iter().map(|&e| month_of(e)).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Observed and expected outcomes per calendar month over every case of the study population
+/// ([`outcome_rate_per_month`]); with `coefficients` (a fitted model's estimates by covariate
+/// id) the expected counts are adjusted for the model's season and calendar-time splines.
+pub fn month_counts(
+    cases: &SccsCases,
+    coefficients: Option<&HashMap<i64, f64>>,
+) -> Vec<MonthCount> {
+    let months = case_months(cases);
+    let Some(coefs) = coefficients else {
+        return outcome_rate_per_month(&months, None);
+    };
+    let plan = &cases.plan;
+    let month_rr = |month: i64| -> f64 {
+        let day = super::days_from_civil(month.div_euclid(12), month.rem_euclid(12) + 1, 1);
+        plan.season_calendar_covariates(day)
+            .iter()
+            .map(|(id, v)| coefs.get(id).copied().unwrap_or(0.0) * v)
+            .sum::<f64>()
+            .exp()
+    };
+    outcome_rate_per_month(&months, Some(&month_rr))
+}
+
+/// One calendar month of the time trend (the OHDSI results model's `sccs_time_trend`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrendMonth {
+    /// Month index (year·12 + month − 1).
+    pub month: i64,
+    /// Outcomes in the month.
+    pub observed: u64,
+    /// Cases observed in the month, weighted by the fraction of the month observed.
+    pub observation_period_count: f64,
+    /// Observed / expected with a constant rate per case.
+    pub ratio: f64,
+    /// Observed / expected adjusted for the season and calendar-time splines (= `ratio`
+    /// without them).
+    pub adjusted_ratio: f64,
+}
+
+/// The time trend of R `computeOutcomeRatePerMonth(studyPopulation, sccsModel)` (months with
+/// at least one outcome) and its stability test (R `computeTimeStability` with `max_ratio`:
+/// the adjusted expected counts against the observed).
+pub fn time_trend(
+    cases: &SccsCases,
+    coefficients: Option<&HashMap<i64, f64>>,
+    max_ratio: f64,
+    alpha: f64,
+) -> (Vec<TrendMonth>, TimeStability) {
+    let plain = month_counts(cases, None);
+    let adjusted = match coefficients {
+        Some(c) => month_counts(cases, Some(c)),
+        None => plain.clone(),
+    };
+    let months: Vec<TrendMonth> = plain
+        .iter()
+        .zip(&adjusted)
+        .map(|(p, a)| TrendMonth {
+            month: p.month,
+            observed: p.observed,
+            observation_period_count: p.observation_period_count,
+            ratio: p.observed as f64 / p.expected,
+            adjusted_ratio: a.observed as f64 / a.expected,
+        })
+        .collect();
+    let observed: Vec<u64> = adjusted.iter().map(|m| m.observed).collect();
+    let expected: Vec<f64> = adjusted.iter().map(|m| m.expected).collect();
+    let stability = time_stability(&observed, &expected, max_ratio, alpha);
+    (months, stability)
+}
+
+/// The cases of R `computePreExposureGain` for one exposure: eras starting inside the case
+/// window (`eraStartDay ≥ startDay`, `< endDay`), the first of them, and per case the days
+/// observed before it (`min(first − start, 30)`) and from it (`min(end − first, 30)`) with the
+/// outcomes whose day − first is in [−30, −1] and [0, 30]; a side with no observed day keeps
+/// no outcomes (R drops the row).
+pub fn pre_exposure_cases(cases: &SccsCases, exposure: usize) -> Vec<PreExposureCase> {
+    cases
+        .data
+        .iter()
+        .filter_map(|c| {
+            let first = c
+                .eras
+                .iter()
+                .filter(|e| e.exposure == exposure && e.start >= c.start && e.start < c.end)
+                .map(|e| e.start)
+                .min()?;
+            let days_before = (first - c.start).min(30);
+            let days_after = (c.end - first).min(30);
+            let (mut before, mut after) = (0u64, 0u64);
+            for &day in &c.events {
+                let delta = day - first;
+                if (-30..0).contains(&delta) {
+                    before += 1;
+                } else if (0..=30).contains(&delta) {
+                    after += 1;
+                }
+            }
+            Some(PreExposureCase {
+                days_before: days_before.max(0) as f64,
+                outcomes_before: if days_before > 0 { before } else { 0 },
+                days_after: days_after.max(0) as f64,
+                outcomes_after: if days_after > 0 { after } else { 0 },
+            })
+        })
+        .collect()
 }
 
 /// Weeks of `computeTimeToEvent` for one exposure: (week, observed cases, exposed outcomes,

@@ -68,6 +68,48 @@ pub async fn build_sccs_each_exposure(
     Ok(out)
 }
 
+/// The case data of one exposure's study tables: the cases and the index of the exposure's
+/// eras in them (what the diagnostics of [`super::diagnostics`] read).
+#[derive(Debug, Clone)]
+pub struct ExposureCases {
+    /// The case data (shared by the exposures built from one load).
+    pub cases: Arc<SccsCases>,
+    /// The exposure's index among the eras of `cases`.
+    pub exposure: usize,
+}
+
+/// [`build_sccs_each_exposure`], also returning each exposure's case data (shared between the
+/// exposures; with `restrict_time_to_exposure`, each exposure's own population is loaded once
+/// more for it).
+pub async fn build_sccs_each_exposure_with_cases(
+    ctx: &SessionContext,
+    d: &SccsDesign,
+) -> DfResult<(Vec<StudyTables>, Vec<ExposureCases>)> {
+    d.check()?;
+    let mut tables = Vec::with_capacity(d.exposures.len());
+    let mut cases = Vec::with_capacity(d.exposures.len());
+    if d.restrict_time_to_exposure.is_some() {
+        for x in 0..d.exposures.len() {
+            let dx = single_exposure_design(d, x);
+            tables.push(super::build_sccs(ctx, &dx).await?);
+            cases.push(ExposureCases {
+                cases: Arc::new(load_sccs(ctx, &dx).await?),
+                exposure: 0,
+            });
+        }
+        return Ok((tables, cases));
+    }
+    let shared = Arc::new(load_shared(ctx, d).await?);
+    for x in 0..d.exposures.len() {
+        tables.push(exposure_tables(d, &shared, x).await?);
+        cases.push(ExposureCases {
+            cases: shared.clone(),
+            exposure: x,
+        });
+    }
+    Ok((tables, cases))
+}
+
 /// The study population, outcomes and the first exposure's eras through [`load_sccs`], then
 /// the other exposures' eras of the kept cases in **one** query (a `UNION ALL` of their
 /// concept sets joined once to the cases), read into the same case data as `load_sccs` would.
