@@ -456,11 +456,17 @@ fn hand_store(dir: &Path) {
             cond.push_str(&format!("{k},{p},7,{}\n", date(e + o)));
         }
     }
+    let concept = String::from(
+        "concept_id,concept_name,domain_id,vocabulary_id,concept_class_id,standard_concept,concept_code\n\
+         5,drug,Drug,RxNorm,Ingredient,S,5\n\
+         7,event,Condition,SNOMED,Clinical Finding,S,7\n",
+    );
     for (f, text) in [
         ("person.csv", person),
         ("observation_period.csv", period),
         ("drug_era.csv", era),
         ("condition_occurrence.csv", cond),
+        ("concept.csv", concept),
     ] {
         std::fs::write(dir.join(f), text).unwrap();
     }
