@@ -196,7 +196,7 @@ pub struct Analysis {
     /// SCCS: every exposure of the analysis, fitted one by one against this unit's outcome
     /// (one unit per outcome; see [`crate::many`]). Empty for every other unit.
     pub exposures: Vec<String>,
-    /// SCCS: the unit's outcome is one of the analysis' `negative_controls`.
+    /// SCCS and cohort: the unit's outcome is one of the analysis' `negative_controls`.
     pub negative_control: bool,
 }
 
@@ -371,13 +371,18 @@ fn expand(
     }
     let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
     for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {
+        // A cohort analysis' negative controls are outcomes too (after those of interest).
+        let list: Vec<&toml::Spanned<String>> = match *role {
+            "outcome" => list.iter().chain(&a.negative_controls).collect(),
+            _ => list.iter().collect(),
+        };
         if list.is_empty() {
             continue;
         }
         combos = combos
             .into_iter()
             .flat_map(|c| {
-                list.iter().map(move |s| {
+                list.clone().into_iter().map(move |s| {
                     let mut c = c.clone();
                     c.push((*role, s.get_ref().clone()));
                     c
@@ -392,6 +397,10 @@ fn expand(
         if get("target").is_some() && get("target") == get("comparator") {
             continue;
         }
+        let negative_control = a
+            .negative_controls
+            .iter()
+            .any(|n| Some(n.get_ref()) == get("outcome"));
         let id = std::iter::once(name.clone())
             .chain(roles.iter().map(|(_, s)| s.clone()))
             .collect::<Vec<_>>()
@@ -461,7 +470,7 @@ fn expand(
             span: a.name.span(),
             index,
             exposures: Vec::new(),
-            negative_control: false,
+            negative_control,
         };
         unit.fingerprint = fingerprint(&unit, omop);
         units.push(unit);
