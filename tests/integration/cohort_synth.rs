@@ -140,7 +140,7 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
     let summary = write_cohort_store(
         &store,
         &CohortStoreSettings {
-            persons: 10_000,
+            persons: 12_000,
             seed: 14,
             negative_controls: NEGATIVE_CONTROLS,
             ..Default::default()

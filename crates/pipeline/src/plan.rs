@@ -1040,6 +1040,44 @@ end = 30
     }
 
     #[test]
+    fn cohort_negative_controls_are_outcome_units_marked_as_controls() {
+        let text = DESIGNS
+            .replacen(
+                "[concept_sets.gib]\nconcepts = [3]\n",
+                "[concept_sets.gib]\nconcepts = [3]\n[concept_sets.nc1]\nconcepts = [4]\n\
+                 [concept_sets.nc2]\nconcepts = [5]\n",
+                1,
+            )
+            .replacen(
+                "outcomes = [\"gib\"]\n[analysis.cohort]",
+                "outcomes = [\"gib\"]\nnegative_controls = [\"nc1\", \"nc2\"]\n[analysis.cohort]",
+                1,
+            );
+        let p = load_text("cohort_nc", &text).unwrap();
+        let units: Vec<(&str, bool)> = p
+            .analyses
+            .iter()
+            .filter(|a| a.name == "cohort")
+            .map(|a| (a.id.as_str(), a.negative_control))
+            .collect();
+        assert_eq!(
+            units,
+            [
+                ("cohort.cel.dic.gib", false),
+                ("cohort.cel.dic.nc1", true),
+                ("cohort.cel.dic.nc2", true)
+            ]
+        );
+        // A control that is also an outcome of interest is an error at its line.
+        let e = load_text(
+            "cohort_nc_twice",
+            &text.replace("negative_controls = [\"nc1\", \"nc2\"]", "negative_controls = [\"gib\"]"),
+        )
+        .unwrap_err();
+        assert!(e.contains("also an outcome"), "{e}");
+    }
+
+    #[test]
     fn ps_and_adjustment_settings_are_checked_at_the_line_of_their_key() {
         let with = |adj: &str| {
             DESIGNS.replacen(

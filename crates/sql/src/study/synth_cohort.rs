@@ -29,6 +29,10 @@
 //!   covariates removes (what empirical calibration is for);
 //! * death for 1 % of persons, on the last observed day.
 //!
+//! A `concept` table names every concept (with its domain: the pipeline infers a concept set's
+//! table from it; the special covariates' names say "confounder", "instrument" or
+//! "prognostic").
+//!
 //! Measured confounders raise both the odds of the target and the hazard (or lower both), so
 //! the crude HR is about 2; instruments raise only the odds of the target; prognostic
 //! covariates only the hazard. The main outcome and the negative controls are drawn from a
@@ -36,10 +40,14 @@
 //! unchanged. Files are written in chunks of 100,000 persons (memory does not grow with the
 //! store).
 
+use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::{exec_datafusion_err, Result as DfResult};
+use parquet::arrow::ArrowWriter;
 
 use epifusion_core::bench::Rng;
 
@@ -62,11 +70,11 @@ pub const TRUE_HR: f64 = 1.0;
 /// Every this-many-th negative control (j = 0, 5, …) carries systematic error.
 pub const BIASED_EVERY: usize = 5;
 /// Log-odds of the target per unit of the unmeasured confounder.
-pub const U_TREATMENT: f64 = 0.8;
+pub const U_TREATMENT: f64 = 1.0;
 /// Log hazard of a biased negative control per unit of the unmeasured confounder.
-pub const U_HAZARD: f64 = 1.0;
-/// Intercept of the treatment model (about 45 % target).
-pub const TREATMENT_INTERCEPT: f64 = -1.3;
+pub const U_HAZARD: f64 = 1.5;
+/// Intercept of the treatment model (about half of the persons are target users).
+pub const TREATMENT_INTERCEPT: f64 = -1.5;
 /// Baseline yearly rate of the outcome of interest (all covariates absent).
 pub const OUTCOME_RATE: f64 = 0.03;
 /// Concept ids reserved for [`SPECIAL`] at the start of each domain's vocabulary.
@@ -119,12 +127,12 @@ const fn special(
 pub const SPECIAL: [SpecialCovariate; 10] = {
     use BaselineDomain::{Condition as C, Drug as D, Procedure as P};
     [
-        special(FIRST_CONDITION, C, 0.30, 0.9, 0.7),
-        special(FIRST_CONDITION + 1, C, 0.25, 0.8, 0.6),
-        special(FIRST_CONDITION + 2, C, 0.20, 0.7, 0.7),
-        special(FIRST_DRUG_EXPOSURE, D, 0.25, 0.8, 0.5),
-        special(FIRST_DRUG_EXPOSURE + 1, D, 0.20, -0.6, -0.5),
-        special(FIRST_PROCEDURE, P, 0.15, 0.7, 0.6),
+        special(FIRST_CONDITION, C, 0.30, 1.0, 1.0),
+        special(FIRST_CONDITION + 1, C, 0.25, 0.9, 0.9),
+        special(FIRST_CONDITION + 2, C, 0.20, 0.8, 0.9),
+        special(FIRST_DRUG_EXPOSURE, D, 0.25, 0.9, 0.7),
+        special(FIRST_DRUG_EXPOSURE + 1, D, 0.20, -0.7, -0.7),
+        special(FIRST_PROCEDURE, P, 0.15, 0.8, 0.8),
         special(FIRST_CONDITION + 3, C, 0.20, 0.8, 0.0),
         special(FIRST_DRUG_EXPOSURE + 2, D, 0.20, 0.6, 0.0),
         special(FIRST_CONDITION + 4, C, 0.25, 0.0, 0.8),
@@ -290,21 +298,21 @@ pub fn write_cohort_store(dir: &Path, s: &CohortStoreSettings) -> DfResult<Cohor
         "drug_era_start_date",
         Some("drug_era_end_date"),
     )?;
-    let mut condition = id_table(
+    let condition = id_table(
         "condition_occurrence",
         "condition_occurrence_id",
         "condition_concept_id",
         "condition_start_date",
         Some("condition_end_date"),
     )?;
-    let mut drug = id_table(
+    let drug = id_table(
         "drug_exposure",
         "drug_exposure_id",
         "drug_concept_id",
         "drug_exposure_start_date",
         Some("drug_exposure_end_date"),
     )?;
-    let mut procedure = id_table(
+    let procedure = id_table(
         "procedure_occurrence",
         "procedure_occurrence_id",
         "procedure_concept_id",
@@ -408,24 +416,24 @@ pub fn write_cohort_store(dir: &Path, s: &CohortStoreSettings) -> DfResult<Cohor
         // Outcomes from a second stream: hazards without any treatment term (true HR = 1).
         let mut events = Rng::new(s.seed ^ 0x5851_f42d_4c95_7f2d ^ (pid as u64).wrapping_mul(0x9e37));
         let mut event = |rate: f64, concept: i64, w: &mut Records| -> bool {
+            // Day `index + 1 + ⌊t⌋` when that is at most `end`.
             let t = events.exponential(rate);
-            let day = index + 1 + t.floor() as i64;
-            let inside = t.is_finite() && day <= end;
+            let inside = t < (end - index) as f64;
             if inside {
-                w.push(0, concept, pid, day);
+                w.push(0, concept, pid, index + 1 + t as i64);
             }
             inside
         };
         let rate = OUTCOME_RATE / 365.25 * eta_h.exp();
         out.outcomes += usize::from(event(rate, OUTCOME_CONCEPT, &mut w));
-        for j in 0..s.negative_controls {
-            let mut log_h = nc_scale[j] * eta_h;
+        for (j, (&nc_rate, &nc_scale)) in nc_rate.iter().zip(&nc_scale).enumerate() {
+            let mut log_h = nc_scale * eta_h;
             if is_biased(j) && unmeasured {
                 log_h += U_HAZARD;
             }
             let concept = OUTCOME_CONCEPT + 1 + j as i64;
             out.negative_control_outcomes +=
-                usize::from(event(nc_rate[j] * log_h.exp(), concept, &mut w));
+                usize::from(event(nc_rate * log_h.exp(), concept, &mut w));
         }
         if rng.bernoulli(0.01) {
             out.deaths += 1;
@@ -449,7 +457,75 @@ pub fn write_cohort_store(dir: &Path, s: &CohortStoreSettings) -> DfResult<Cohor
         t.close()?;
     }
     out.baseline_concepts = seen.iter().flatten().filter(|&&b| b).count();
+    write_concepts(dir, &sizes, s.negative_controls)?;
     Ok(out)
+}
+
+/// The `concept` table: every concept of the store with its domain (the pipeline infers a
+/// concept set's table from it) and a name (the covariates' names).
+fn write_concepts(dir: &Path, sizes: &[usize; 3], negative_controls: usize) -> DfResult<()> {
+    let mut rows: Vec<(i64, String, &str)> = vec![
+        (8507, "MALE".into(), "Gender"),
+        (8532, "FEMALE".into(), "Gender"),
+        (TARGET_DRUG, "target drug".into(), "Drug"),
+        (COMPARATOR_DRUG, "comparator drug".into(), "Drug"),
+        (OUTCOME_CONCEPT, "outcome of interest".into(), "Condition"),
+    ];
+    for j in 0..negative_controls {
+        let bias = if is_biased(j) { ", biased" } else { "" };
+        rows.push((
+            OUTCOME_CONCEPT + 1 + j as i64,
+            format!("negative control {j}{bias}"),
+            "Condition",
+        ));
+    }
+    let domains = [
+        (FIRST_CONDITION, "condition", "Condition"),
+        (FIRST_DRUG_EXPOSURE, "drug", "Drug"),
+        (FIRST_PROCEDURE, "procedure", "Procedure"),
+    ];
+    for (&(first, what, domain), &n) in domains.iter().zip(sizes) {
+        for k in 0..n as i64 {
+            let id = first + k;
+            let role = SPECIAL.iter().find(|c| c.concept_id == id).map_or("", |c| {
+                match (c.treatment != 0.0, c.hazard != 0.0) {
+                    (true, true) => " (confounder)",
+                    (true, false) => " (instrument)",
+                    _ => " (prognostic)",
+                }
+            });
+            rows.push((id, format!("{what} {}{role}", k + 1), domain));
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("concept_id", DataType::Int64, false),
+        Field::new("concept_name", DataType::Utf8, false),
+        Field::new("domain_id", DataType::Utf8, false),
+        Field::new("vocabulary_id", DataType::Utf8, false),
+        Field::new("standard_concept", DataType::Utf8, false),
+        Field::new("concept_code", DataType::Utf8, false),
+    ]));
+    let n = rows.len();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1.as_str()))),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+            Arc::new(StringArray::from(vec!["epifusion synthetic"; n])),
+            Arc::new(StringArray::from(vec!["S"; n])),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.0.to_string()),
+            )),
+        ],
+    )?;
+    let path = dir.join("concept.parquet");
+    let file = File::create(&path)
+        .map_err(|e| exec_datafusion_err!("cannot create {}: {e}", path.display()))?;
+    let mut w = ArrowWriter::try_new(file, schema, None)?;
+    w.write(&batch)?;
+    w.close()?;
+    Ok(())
 }
 
 #[cfg(test)]
