@@ -64,7 +64,11 @@ async fn cox_hr(ctx: &SessionContext, sql: &str) -> Result<(f64, f64, f64)> {
     );
     let r = ctx.sql(&q).await?.collect().await?;
     let b = r.iter().find(|b| b.num_rows() > 0).context("no estimate")?;
-    let (e, l, u) = (f64s(b, "estimate")?, f64s(b, "ci_lower")?, f64s(b, "ci_upper")?);
+    let (e, l, u) = (
+        f64s(b, "estimate")?,
+        f64s(b, "ci_lower")?,
+        f64s(b, "ci_upper")?,
+    );
     Ok((e[0].exp(), l[0].exp(), u[0].exp()))
 }
 

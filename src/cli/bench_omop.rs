@@ -52,7 +52,10 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
     use epifusion::engine::session::{new_session, SessionOptions};
     use epifusion::engine::study::{self, synth};
     if !["sccs", "cohort", "both", "many", "cm"].contains(&a.design.as_str()) {
-        bail!("--design: sccs, cohort, both, many or cm (got {})", a.design);
+        bail!(
+            "--design: sccs, cohort, both, many or cm (got {})",
+            a.design
+        );
     }
     if a.design == "cm" {
         return run_bench_cm(a);

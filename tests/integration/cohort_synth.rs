@@ -165,7 +165,12 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
 
     // Crude: far from the true HR of 1.
     let crude = treatment(&out, "crude.target.comparator.outcome").await;
-    eprintln!("crude HR {:.3} ({:.3}, {:.3})", crude.0.exp(), crude.1.exp(), crude.2.exp());
+    eprintln!(
+        "crude HR {:.3} ({:.3}, {:.3})",
+        crude.0.exp(),
+        crude.1.exp(),
+        crude.2.exp()
+    );
     assert!(crude.0.exp() > 1.5 && crude.1 > 0.0, "crude {crude:?}");
 
     // Matched: the CI covers 1, every covariate balanced.
@@ -212,7 +217,10 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
         strat.2.exp(),
         100.0 * strat.0 / crude.0
     );
-    assert!(strat.0.abs() < 0.35 * crude.0.abs(), "stratified {strat:?} vs crude {crude:?}");
+    assert!(
+        strat.0.abs() < 0.35 * crude.0.abs(),
+        "stratified {strat:?} vs crude {crude:?}"
+    );
 
     // Calibration by the negative controls: the run-level cm_result.
     let m = json(&out.join("manifest.json"));
@@ -226,7 +234,11 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
     let r = parquet(&path("cm_result")).await;
     let tco = parquet(&path("cm_target_comparator_outcome")).await;
     let outcome_ids = i64s(&r, "outcome_id");
-    assert_eq!(outcome_ids.len(), 1 + NEGATIVE_CONTROLS, "matched units only");
+    assert_eq!(
+        outcome_ids.len(),
+        1 + NEGATIVE_CONTROLS,
+        "matched units only"
+    );
     assert_eq!(i64s(&tco, "outcome_id"), outcome_ids);
     let interest = i64s(&tco, "outcome_of_interest");
     let log_rr = f64s(&r, "log_rr");
@@ -243,8 +255,14 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
     }
     let k = interest.iter().position(|&i| i == 1).unwrap();
     assert!((log_rr[k] - matched.0).abs() < 1e-12);
-    let (lb, ub) = (f64s(&r, "calibrated_ci_95_lb")[k], f64s(&r, "calibrated_ci_95_ub")[k]);
-    eprintln!("calibrated HR {:.3} ({lb:.3}, {ub:.3})", f64s(&r, "calibrated_rr")[k]);
+    let (lb, ub) = (
+        f64s(&r, "calibrated_ci_95_lb")[k],
+        f64s(&r, "calibrated_ci_95_ub")[k],
+    );
+    eprintln!(
+        "calibrated HR {:.3} ({lb:.3}, {ub:.3})",
+        f64s(&r, "calibrated_rr")[k]
+    );
     assert!(lb < 1.0 && 1.0 < ub, "calibrated CI ({lb}, {ub})");
     // The controls with systematic error stand out from the others.
     let (mut biased, mut unbiased) = (Vec::new(), Vec::new());
@@ -261,7 +279,10 @@ async fn ps_adjustment_recovers_the_null_on_a_confounded_store() {
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     eprintln!("negative controls: biased {biased:?}, unbiased {unbiased:?}");
-    assert!(mean(&biased) > mean(&unbiased) + 0.1, "{biased:?} vs {unbiased:?}");
+    assert!(
+        mean(&biased) > mean(&unbiased) + 0.1,
+        "{biased:?} vs {unbiased:?}"
+    );
     let report = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(
         report.contains("Cohort empirical calibration")

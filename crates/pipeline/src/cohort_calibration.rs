@@ -107,7 +107,10 @@ pub struct CohortCalibration {
 }
 
 fn column(b: &RecordBatch, name: &str, to: &DataType) -> DfResult<Option<ArrayRef>> {
-    b.column_by_name(name).map(|c| cast(c, to)).transpose().map_err(Into::into)
+    b.column_by_name(name)
+        .map(|c| cast(c, to))
+        .transpose()
+        .map_err(Into::into)
 }
 
 fn f64_at(b: &RecordBatch, name: &str, i: usize) -> DfResult<Option<f64>> {
@@ -268,8 +271,9 @@ pub async fn write(
         .iter()
         .map(|r| {
             let (null, lr, se) = (null_of(r)?, r.log_rr?, r.se_log_rr?);
-            let ci = calibrate_confidence_interval(&convert_null_to_error_model(null), lr, se, 0.95)
-                .ok()?;
+            let ci =
+                calibrate_confidence_interval(&convert_null_to_error_model(null), lr, se, 0.95)
+                    .ok()?;
             Some(Calibrated {
                 p: calibrate_p(null, lr, se).ok()?,
                 one_sided_p: calibrate_p_sided(null, lr, se, PValueSide::Upper).ok()?,
@@ -299,14 +303,23 @@ pub async fn write(
     let mut cols: Vec<(&str, ArrayRef)> = vec![
         (
             "analysis_id",
-            i(rows.iter().map(|r| Some(r.analysis_index as i64 + 1)).collect()),
+            i(rows
+                .iter()
+                .map(|r| Some(r.analysis_index as i64 + 1))
+                .collect()),
         ),
-        ("target_id", i(rows.iter().map(|r| Some(r.ids[0])).collect())),
+        (
+            "target_id",
+            i(rows.iter().map(|r| Some(r.ids[0])).collect()),
+        ),
         (
             "comparator_id",
             i(rows.iter().map(|r| Some(r.ids[1])).collect()),
         ),
-        ("outcome_id", i(rows.iter().map(|r| Some(r.ids[2])).collect())),
+        (
+            "outcome_id",
+            i(rows.iter().map(|r| Some(r.ids[2])).collect()),
+        ),
         ("rr", by(&|r| r.log_rr.map(f64::exp))),
         ("ci_95_lb", by(&|r| r.log_lb.map(f64::exp))),
         ("ci_95_ub", by(&|r| r.log_ub.map(f64::exp))),
@@ -334,12 +347,18 @@ pub async fn write(
     ]);
     let result = batch(cols).map_err(err)?;
     let tco = batch(vec![
-        ("target_id", i(rows.iter().map(|r| Some(r.ids[0])).collect())),
+        (
+            "target_id",
+            i(rows.iter().map(|r| Some(r.ids[0])).collect()),
+        ),
         (
             "comparator_id",
             i(rows.iter().map(|r| Some(r.ids[1])).collect()),
         ),
-        ("outcome_id", i(rows.iter().map(|r| Some(r.ids[2])).collect())),
+        (
+            "outcome_id",
+            i(rows.iter().map(|r| Some(r.ids[2])).collect()),
+        ),
         (
             "outcome_of_interest",
             i(rows
@@ -356,7 +375,10 @@ pub async fn write(
         ),
         (
             "analysis_id",
-            i(rows.iter().map(|r| Some(r.analysis_index as i64 + 1)).collect()),
+            i(rows
+                .iter()
+                .map(|r| Some(r.analysis_index as i64 + 1))
+                .collect()),
         ),
         (
             "analysis_name",
@@ -370,14 +392,14 @@ pub async fn write(
             "comparator",
             s(rows.iter().map(|r| r.comparator.clone()).collect()),
         ),
-        ("outcome", s(rows.iter().map(|r| r.outcome.clone()).collect())),
+        (
+            "outcome",
+            s(rows.iter().map(|r| r.outcome.clone()).collect()),
+        ),
     ])
     .map_err(err)?;
     let mut objects = BTreeMap::new();
-    for (name, b) in [
-        ("cm_result", result),
-        ("cm_target_comparator_outcome", tco),
-    ] {
+    for (name, b) in [("cm_result", result), ("cm_target_comparator_outcome", tco)] {
         let bytes = parquet_bytes(&[b]).map_err(err)?;
         let rel = format!("runs/{run}/{name}.parquet");
         objects.insert(name.to_string(), out.put(&rel, bytes).await?);
@@ -397,10 +419,7 @@ pub async fn write(
             .filter(|r| !r.negative_control && key(r) == (*ai, t.clone(), c.clone()))
             .filter_map(|r| Some((r.log_rr?, r.se_log_rr?)))
             .collect();
-        let title = format!(
-            "{} · {t} vs {c}",
-            p.file.analyses[*ai].name.get_ref()
-        );
+        let title = format!("{} · {t} vs {c}", p.file.analyses[*ai].name.get_ref());
         let _ = writeln!(
             html,
             "<figure class=\"calibration\" data-group=\"{}\">{}<figcaption>{}: {}</figcaption></figure>",

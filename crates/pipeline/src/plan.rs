@@ -1071,7 +1071,10 @@ end = 30
         // A control that is also an outcome of interest is an error at its line.
         let e = load_text(
             "cohort_nc_twice",
-            &text.replace("negative_controls = [\"nc1\", \"nc2\"]", "negative_controls = [\"gib\"]"),
+            &text.replace(
+                "negative_controls = [\"nc1\", \"nc2\"]",
+                "negative_controls = [\"gib\"]",
+            ),
         )
         .unwrap_err();
         assert!(e.contains("also an outcome"), "{e}");

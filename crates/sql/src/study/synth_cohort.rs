@@ -414,7 +414,8 @@ pub fn write_cohort_store(dir: &Path, s: &CohortStoreSettings) -> DfResult<Cohor
         ]);
 
         // Outcomes from a second stream: hazards without any treatment term (true HR = 1).
-        let mut events = Rng::new(s.seed ^ 0x5851_f42d_4c95_7f2d ^ (pid as u64).wrapping_mul(0x9e37));
+        let mut events =
+            Rng::new(s.seed ^ 0x5851_f42d_4c95_7f2d ^ (pid as u64).wrapping_mul(0x9e37));
         let mut event = |rate: f64, concept: i64, w: &mut Records| -> bool {
             // Day `index + 1 + ⌊t⌋` when that is at most `end`.
             let t = events.exponential(rate);
@@ -426,14 +427,14 @@ pub fn write_cohort_store(dir: &Path, s: &CohortStoreSettings) -> DfResult<Cohor
         };
         let rate = OUTCOME_RATE / 365.25 * eta_h.exp();
         out.outcomes += usize::from(event(rate, OUTCOME_CONCEPT, &mut w));
-        for (j, (&nc_rate, &nc_scale)) in nc_rate.iter().zip(&nc_scale).enumerate() {
-            let mut log_h = nc_scale * eta_h;
+        for (j, (&base, &scale)) in nc_rate.iter().zip(&nc_scale).enumerate() {
+            let mut log_h = scale * eta_h;
             if is_biased(j) && unmeasured {
                 log_h += U_HAZARD;
             }
             let concept = OUTCOME_CONCEPT + 1 + j as i64;
             out.negative_control_outcomes +=
-                usize::from(event(nc_rate * log_h.exp(), concept, &mut w));
+                usize::from(event(base * log_h.exp(), concept, &mut w));
         }
         if rng.bernoulli(0.01) {
             out.deaths += 1;
@@ -510,7 +511,9 @@ fn write_concepts(dir: &Path, sizes: &[usize; 3], negative_controls: usize) -> D
         schema.clone(),
         vec![
             Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1.as_str()))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.1.as_str()),
+            )),
             Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
             Arc::new(StringArray::from(vec!["epifusion synthetic"; n])),
             Arc::new(StringArray::from(vec!["S"; n])),
@@ -548,7 +551,10 @@ mod tests {
         // The vocabulary is the 12,000 concepts; most occur already at 20k persons.
         assert!(a.baseline_concepts > 9_000, "{a:?}");
         assert!(a.baseline_records > 20_000 * 10, "{a:?}");
-        assert!(a.outcomes > 500 && a.negative_control_outcomes > 500, "{a:?}");
+        assert!(
+            a.outcomes > 500 && a.negative_control_outcomes > 500,
+            "{a:?}"
+        );
         // Negative controls leave the rest of the store unchanged.
         let c = write_cohort_store(
             &dir,
