@@ -21,7 +21,8 @@ pub(crate) struct BenchOmopArgs {
     pub(crate) reuse: bool,
     /// Which builders: sccs, cohort or both; or `many`: every drug against an outcome and
     /// `--many-outcomes` negative controls through the pipeline (one unit per outcome) against
-    /// a sample of the same pairs run one per unit.
+    /// a sample of the same pairs run one per unit; or `cm`: a confounded store (true HR 1)
+    /// and a PS-matched comparative cohort study on it, step by step.
     #[arg(long, default_value = "both")]
     pub(crate) design: String,
     /// Extra outcomes (RR = 1, every 5th with systematic error) for `--design many`.
@@ -33,13 +34,31 @@ pub(crate) struct BenchOmopArgs {
     /// Also fit the SCCS intervals (unpenalized) and report drug 1's relative incidence.
     #[arg(long)]
     pub(crate) fit: bool,
+    /// `--design cm`: size of the sparse baseline vocabulary (conditions, drugs, procedures).
+    #[arg(long, default_value_t = 12_000)]
+    pub(crate) covariates: usize,
+    /// `--design cm`: negative-control outcomes in the store.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) negative_controls: usize,
+    /// `--design cm`: repetitions of the 10-fold cross-validation of the propensity model.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) cv_repetitions: usize,
+    /// `--design cm`: a fixed prior variance of the propensity model (no cross-validation).
+    #[arg(long)]
+    pub(crate) ps_variance: Option<f64>,
 }
 
 pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
     use epifusion::engine::session::{new_session, SessionOptions};
     use epifusion::engine::study::{self, synth};
-    if !["sccs", "cohort", "both", "many"].contains(&a.design.as_str()) {
-        bail!("--design: sccs, cohort, both or many (got {})", a.design);
+    if !["sccs", "cohort", "both", "many", "cm"].contains(&a.design.as_str()) {
+        bail!(
+            "--design: sccs, cohort, both, many or cm (got {})",
+            a.design
+        );
+    }
+    if a.design == "cm" {
+        return run_bench_cm(a);
     }
     let extra = if a.design == "many" {
         a.many_outcomes
@@ -155,6 +174,42 @@ pub(crate) fn run_bench_omop(a: &BenchOmopArgs) -> Result<()> {
         }
         Ok::<_, anyhow::Error>(())
     })?;
+    out["peak_rss_bytes"] = epifusion::bench::peak_rss_bytes().into();
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// `--design cm`: generate (or reuse) a confounded store, then the study step by step.
+fn run_bench_cm(a: &BenchOmopArgs) -> Result<()> {
+    use epifusion::engine::study::synth_cohort::{write_cohort_store, CohortStoreSettings};
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!(
+            "epifusion-cm-{}-{}-{}-{}",
+            a.persons, a.seed, a.covariates, a.negative_controls
+        ))
+    });
+    let started = Instant::now();
+    let mut out = serde_json::json!({ "design": "cm", "persons": a.persons, "seed": a.seed,
+        "covariate_vocabulary": a.covariates, "store": dir.display().to_string() });
+    if !(a.reuse && dir.join("person.parquet").exists()) {
+        let s = write_cohort_store(
+            &dir,
+            &CohortStoreSettings {
+                persons: a.persons,
+                seed: a.seed,
+                covariates: a.covariates,
+                negative_controls: a.negative_controls,
+                ..Default::default()
+            },
+        )?;
+        out["target"] = s.target.into();
+        out["baseline_records"] = s.baseline_records.into();
+        out["baseline_concepts"] = s.baseline_concepts.into();
+        out["outcomes"] = s.outcomes.into();
+        out["generate_seconds"] = started.elapsed().as_secs_f64().into();
+    }
+    out["rss_after_generate_bytes"] = epifusion::bench::peak_rss_bytes().into();
+    super::bench_cm::bench_cm(&dir, a.cv_repetitions, a.ps_variance, &mut out)?;
     out["peak_rss_bytes"] = epifusion::bench::peak_rss_bytes().into();
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -18,6 +18,7 @@ pub(crate) use epifusion::model::{ModelKind, Ties};
 pub(crate) use epifusion::options::FitSpec;
 
 pub(crate) mod bench;
+pub(crate) mod bench_cm;
 pub(crate) mod bench_many;
 pub(crate) mod bench_omop;
 pub(crate) mod cluster;

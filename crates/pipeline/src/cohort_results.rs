@@ -16,8 +16,9 @@
 //!   se_log_rr)` (the extra column; CohortMethod 5.x writes it in later versions) from
 //!   the Wald statistic, `llr = LL(β̂) − LL(0)` from the likelihood profile; subjects, days and
 //!   outcomes count the adjusted population (matched or trimmed); the estimate columns are
-//!   NULL unless the outcome model converged. `calibrated_*` are NULL: the
-//!   pipeline has no negative-control declaration yet.
+//!   NULL unless the outcome model converged. `calibrated_*` are NULL in the unit's table:
+//!   calibration needs every negative control of the analysis, and the run-level `cm_result`
+//!   of [`crate::cohort_calibration`] fills them when the analysis has `negative_controls`.
 //! * `cm_likelihood_profile`: CohortMethod's grid of 1000 values of log RR in [log 0.1, log
 //!   10] (plus 0 and the estimate), `log_likelihood` normalized to 0 at its maximum.
 //! * `cm_preference_score_dist`: Gaussian kernel densities (R `density()`'s default bandwidth
@@ -361,6 +362,7 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
             .f64("calibrated_ci_95_lb", nulls.clone())
             .f64("calibrated_ci_95_ub", nulls.clone())
             .f64("calibrated_p", nulls.clone())
+            .f64("calibrated_one_sided_p", nulls.clone())
             .f64("calibrated_log_rr", nulls.clone())
             .f64("calibrated_se_log_rr", nulls)
             .keys(&k, "d", 1)

@@ -14,6 +14,7 @@
 //! and in `pipelines/README.md`.
 
 pub mod cohort_adjust;
+pub mod cohort_calibration;
 pub mod cohort_results;
 pub mod lock;
 pub mod many;

@@ -48,7 +48,8 @@ use super::PipelineError;
 /// First covariate id of the exposures' risk windows (the covariates of interest).
 pub const EXPOSURE_BASE: i64 = epifusion_sql::study::sccs::EXPOSURE_BASE;
 
-/// `negative_controls`: SCCS only, defined concept sets, not also outcomes of interest.
+/// `negative_controls`: SCCS and cohort analyses only, defined concept sets, not also outcomes
+/// of interest.
 pub fn check_negative_controls(
     a: &AnalysisSpec,
     file: &PipelineFile,
@@ -58,11 +59,12 @@ pub fn check_negative_controls(
     let key = format!("analysis `{name}`: negative_controls");
     let first = |l: &[Spanned<String>]| l.first().map(Spanned::span);
     if let Some(span) = first(&a.negative_controls) {
-        if *a.design.get_ref() != super::spec::DesignKind::Sccs {
+        if *a.design.get_ref() == super::spec::DesignKind::Sql {
             return Err(src.error(
                 span,
                 key,
-                "negative controls are SCCS outcomes: give them in a `design = \"sccs\"` analysis",
+                "negative controls are outcomes of SCCS or cohort analyses: give them in a \
+                 `design = \"sccs\"` or `design = \"cohort\"` analysis",
             ));
         }
     }

@@ -196,7 +196,7 @@ pub struct Analysis {
     /// SCCS: every exposure of the analysis, fitted one by one against this unit's outcome
     /// (one unit per outcome; see [`crate::many`]). Empty for every other unit.
     pub exposures: Vec<String>,
-    /// SCCS: the unit's outcome is one of the analysis' `negative_controls`.
+    /// SCCS and cohort: the unit's outcome is one of the analysis' `negative_controls`.
     pub negative_control: bool,
 }
 
@@ -371,13 +371,18 @@ fn expand(
     }
     let mut combos: Vec<Vec<(&'static str, String)>> = vec![Vec::new()];
     for ((_, role), list) in ROLES.iter().zip(a.role_lists()) {
+        // A cohort analysis' negative controls are outcomes too (after those of interest).
+        let list: Vec<&toml::Spanned<String>> = match *role {
+            "outcome" => list.iter().chain(&a.negative_controls).collect(),
+            _ => list.iter().collect(),
+        };
         if list.is_empty() {
             continue;
         }
         combos = combos
             .into_iter()
             .flat_map(|c| {
-                list.iter().map(move |s| {
+                list.clone().into_iter().map(move |s| {
                     let mut c = c.clone();
                     c.push((*role, s.get_ref().clone()));
                     c
@@ -392,6 +397,10 @@ fn expand(
         if get("target").is_some() && get("target") == get("comparator") {
             continue;
         }
+        let negative_control = a
+            .negative_controls
+            .iter()
+            .any(|n| Some(n.get_ref()) == get("outcome"));
         let id = std::iter::once(name.clone())
             .chain(roles.iter().map(|(_, s)| s.clone()))
             .collect::<Vec<_>>()
@@ -461,7 +470,7 @@ fn expand(
             span: a.name.span(),
             index,
             exposures: Vec::new(),
-            negative_control: false,
+            negative_control,
         };
         unit.fingerprint = fingerprint(&unit, omop);
         units.push(unit);
@@ -1028,6 +1037,47 @@ end = 30
             Ok(_) => panic!("no error for {to}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn cohort_negative_controls_are_outcome_units_marked_as_controls() {
+        let text = DESIGNS
+            .replacen(
+                "[concept_sets.gib]\nconcepts = [3]\n",
+                "[concept_sets.gib]\nconcepts = [3]\n[concept_sets.nc1]\nconcepts = [4]\n\
+                 [concept_sets.nc2]\nconcepts = [5]\n",
+                1,
+            )
+            .replacen(
+                "outcomes = [\"gib\"]\n[analysis.cohort]",
+                "outcomes = [\"gib\"]\nnegative_controls = [\"nc1\", \"nc2\"]\n[analysis.cohort]",
+                1,
+            );
+        let p = load_text("cohort_nc", &text).unwrap();
+        let units: Vec<(&str, bool)> = p
+            .analyses
+            .iter()
+            .filter(|a| a.name == "cohort")
+            .map(|a| (a.id.as_str(), a.negative_control))
+            .collect();
+        assert_eq!(
+            units,
+            [
+                ("cohort.cel.dic.gib", false),
+                ("cohort.cel.dic.nc1", true),
+                ("cohort.cel.dic.nc2", true)
+            ]
+        );
+        // A control that is also an outcome of interest is an error at its line.
+        let e = load_text(
+            "cohort_nc_twice",
+            &text.replace(
+                "negative_controls = [\"nc1\", \"nc2\"]",
+                "negative_controls = [\"gib\"]",
+            ),
+        )
+        .unwrap_err();
+        assert!(e.contains("also an outcome"), "{e}");
     }
 
     #[test]

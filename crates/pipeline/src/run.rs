@@ -120,7 +120,8 @@ pub struct RunManifest {
     pub analyses: Vec<RunEntry>,
     /// The report.
     pub report: ObjectRef,
-    /// Run-level result tables (the SCCS results data model, [`crate::sccs_results`]), by name.
+    /// Run-level result tables (the SCCS results data model, [`crate::sccs_results`]; the
+    /// calibrated cohort results, [`crate::cohort_calibration`]), by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub results: BTreeMap<String, ObjectRef>,
 }
@@ -494,6 +495,25 @@ async fn run_locked(
         summary.warnings.push(w.clone());
     }
 
+    // Cohort analyses with negative controls: the calibrated run-level cm_result.
+    let mut cohort_units = Vec::new();
+    for (a, e) in p.analyses.iter().zip(&entries) {
+        if !matches!(a.design, Design::Cohort(_)) {
+            continue;
+        }
+        if let Some(m) = out.get_json::<AnalysisManifest>(&e.manifest.path).await? {
+            cohort_units.push((a, m));
+        }
+    }
+    progress.step("calibrating the cohort analyses");
+    let cm = crate::cohort_calibration::write(ctx, p, out, &cohort_units, &run).await?;
+    for w in &cm.warnings {
+        progress.log(&format!("warning: {w}"));
+        summary.warnings.push(w.clone());
+    }
+    let mut results = sccs.objects;
+    results.extend(cm.objects);
+
     // The report, then the run manifest (last), then the convenience copy of the report.
     progress.step("writing the report");
     let finished = SystemTime::now();
@@ -516,10 +536,11 @@ async fn run_locked(
             size: 0,
             e_tag: None,
         },
-        results: sccs.objects,
+        results,
     };
     let mut report = build_report(p, out, &manifest).await?;
     report.extra_sections = sccs.sections;
+    report.extra_sections.extend(cm.sections);
     for w in report.analyses.iter().flat_map(|a| &a.warnings) {
         progress.log(&format!("warning: {w}"));
         summary.warnings.push(w.clone());

@@ -27,6 +27,7 @@ pub mod functions;
 pub mod sccs;
 pub mod sccs_many;
 pub mod synth;
+pub mod synth_cohort;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

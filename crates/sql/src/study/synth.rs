@@ -61,14 +61,14 @@ fn schema(cols: &[(&str, DataType)]) -> SchemaRef {
     ))
 }
 
-struct Table {
+pub(super) struct Table {
     writer: ArrowWriter<File>,
     schema: SchemaRef,
     cols: Vec<Vec<i64>>,
 }
 
 impl Table {
-    fn create(dir: &Path, name: &str, cols: &[(&str, DataType)]) -> DfResult<Self> {
+    pub(super) fn create(dir: &Path, name: &str, cols: &[(&str, DataType)]) -> DfResult<Self> {
         let schema = schema(cols);
         let path = dir.join(format!("{name}.parquet"));
         let file = File::create(&path)
@@ -80,13 +80,13 @@ impl Table {
         })
     }
 
-    fn push(&mut self, row: &[i64]) {
+    pub(super) fn push(&mut self, row: &[i64]) {
         for (c, v) in self.cols.iter_mut().zip(row) {
             c.push(*v);
         }
     }
 
-    fn flush(&mut self) -> DfResult<()> {
+    pub(super) fn flush(&mut self) -> DfResult<()> {
         if self.cols[0].is_empty() {
             return Ok(());
         }
@@ -111,7 +111,7 @@ impl Table {
         Ok(())
     }
 
-    fn close(mut self) -> DfResult<()> {
+    pub(super) fn close(mut self) -> DfResult<()> {
         self.flush()?;
         self.writer.close()?;
         Ok(())
