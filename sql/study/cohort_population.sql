@@ -14,10 +14,19 @@
 -- {competing} (person_id, day), {first_only}, {duplicates} (keep_all | remove_all | keep_first),
 -- {washout_days}, {restrict_common}, {remove_prior}, {prior_lookback}, {risk_start},
 -- {risk_end} (expressions of start_day / end_day), {censor_new_window}, {min_days}.
+--
+-- `treatment` is spelled `floor(random()) + 1` / `+ 0` (always 1 / 0: random() is in [0, 1))
+-- rather than a literal: DataFusion 55 pushes the window's sort on (person_id, start_day,
+-- treatment, end_day) below the UNION ALL, each branch drops its constant `treatment` from the
+-- sort, and the plan's sanity check then rejects the merge above the union (apache/datafusion
+-- #17372's family; seen on stores large enough to repartition). A volatile expression is never
+-- a constant, so each branch sorts on all four keys.
 WITH entry AS (
-  SELECT person_id, 1 AS treatment, start_day, end_day FROM ({target}) AS t
+  SELECT person_id, CAST(floor(random()) AS BIGINT) + 1 AS treatment, start_day, end_day
+  FROM ({target}) AS t
   UNION ALL
-  SELECT person_id, 0 AS treatment, start_day, end_day FROM ({comparator}) AS c
+  SELECT person_id, CAST(floor(random()) AS BIGINT) + 0 AS treatment, start_day, end_day
+  FROM ({comparator}) AS c
 ),
 outcome AS (
   {outcome}
