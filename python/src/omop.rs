@@ -22,7 +22,6 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_ffi::table_provider::FFI_TableProvider;
 use epifusion_sql::session::{new_session, SessionOptions};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
@@ -184,7 +183,7 @@ pub fn omop_tables(py: Python<'_>, location: String) -> PyResult<Vec<(String, Py
                 Ok::<_, datafusion::error::DataFusionError>((tables, state))
             })
         })
-        .map_err(|e| PyRuntimeError::new_err(e.strip_backtrace()))?;
+        .map_err(|e| crate::session::EpifusionError::new_err(e.strip_backtrace()))?;
     let (tables, state) = found;
     tables
         .into_iter()

@@ -1,8 +1,8 @@
 //! A Ballista cluster of real processes on 127.0.0.1 — `epifusion scheduler` and two
 //! `epifusion executor`s on free ports, started and stopped by the test — against the local
 //! run: a `GROUP BY` fit over 150 groups and a table-function fit give identical results (every
-//! value, bit for bit); refusals (`design_matrix`, `@name`, another client version) are clear
-//! errors; an executor killed mid-query gives a clear error or the right result; executors
+//! value, bit for bit); refusals (`design_matrix`, `@name`, another client version, input
+//! queries that write) are clear errors; an executor killed mid-query gives a clear error or the right result; executors
 //! clean their work dirs when they stop.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -300,6 +300,36 @@ async fn fits_on_a_two_executor_cluster_match_the_local_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("@m") && e.contains("cluster"), "{e}");
+
+    // Input queries stay read-only on the cluster path too: a COPY or an INSERT given as a
+    // table function's input is refused before anything runs, and nothing is written.
+    let sink = dir.join("sink");
+    std::fs::create_dir_all(&sink).unwrap();
+    remote
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE sink (a BIGINT) STORED AS CSV LOCATION '{}/'",
+            sink.display()
+        ))
+        .await
+        .unwrap();
+    let copied = dir.join("copied.csv");
+    for input in [
+        format!(
+            "COPY (SELECT 1 AS row_id) TO ''{}'' STORED AS CSV",
+            copied.display()
+        ),
+        "INSERT INTO sink VALUES (1)".to_string(),
+    ] {
+        let sql = format!(
+            "SELECT * FROM cox_fit('{input}', \
+             'SELECT row_id, 1 AS covariate_id, x1 AS covariate_value FROM cohort', '{{}}')"
+        );
+        let e = run(&remote, &sql).await.unwrap_err().to_string();
+        assert!(e.contains("read-only"), "{input}: {e}");
+    }
+    assert!(!copied.exists(), "COPY wrote {}", copied.display());
+    let written: Vec<_> = std::fs::read_dir(&sink).unwrap().collect();
+    assert!(written.is_empty(), "INSERT wrote {written:?}");
 
     // A client of another version is refused by the scheduler, naming both versions.
     remote

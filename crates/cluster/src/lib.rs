@@ -188,6 +188,77 @@ mod tests {
         assert!(registry.aggregate_functions.contains_key("sum"));
     }
 
+    /// A node refuses a planned call whose input writes (COPY, INSERT), even one from a client
+    /// that skipped the read-only check: nothing is written.
+    #[tokio::test]
+    async fn a_node_refuses_input_plans_that_write() {
+        use datafusion::logical_expr::LogicalPlan;
+        use datafusion_proto::logical_plan::LogicalExtensionCodec;
+        use epifusion_sql::exec::NodeSpec;
+        use epifusion_sql::remote::PlannedEpiTable;
+
+        let dir = std::env::temp_dir().join(format!("epi_node_ro_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sink")).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        ctx.sql(&format!(
+            "CREATE EXTERNAL TABLE sink (a BIGINT) STORED AS CSV LOCATION '{}/sink/'",
+            dir.display()
+        ))
+        .await
+        .unwrap();
+        let copied = dir.join("x.csv");
+        let codec = crate::codec::ClusterLogicalCodec::default();
+        let task = ctx.task_ctx();
+        let spec = NodeSpec::Fit {
+            function: "cox_fit".into(),
+            options: String::new(),
+        };
+        let schema = std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty());
+        let read = ctx
+            .state()
+            .create_logical_plan("SELECT 1 AS row_id")
+            .await
+            .unwrap();
+        let mut refused = 0;
+        for sql in [
+            format!(
+                "COPY (SELECT 1 AS a) TO '{}' STORED AS CSV",
+                copied.display()
+            ),
+            "INSERT INTO sink VALUES (1)".to_string(),
+        ] {
+            let write: LogicalPlan = ctx.state().create_logical_plan(&sql).await.unwrap();
+            let table =
+                PlannedEpiTable::new(spec.clone(), vec![read.clone(), write], schema.clone());
+            let mut buf = Vec::new();
+            let table_ref = datafusion::common::TableReference::bare("t");
+            match codec.try_encode_table_provider(&table_ref, std::sync::Arc::new(table), &mut buf)
+            {
+                // A plan the wire format cannot carry cannot reach a node either.
+                Err(_) => continue,
+                Ok(()) => {}
+            }
+            let e = codec
+                .try_decode_table_provider(&buf, &table_ref, schema.clone(), &task)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("cox_fit: an input query must be a read-only query"),
+                "{sql}: {e}"
+            );
+            refused += 1;
+        }
+        assert!(
+            refused >= 1,
+            "neither write plan could be encoded: the test checks nothing"
+        );
+        assert!(!copied.exists());
+        assert_eq!(std::fs::read_dir(dir.join("sink")).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn another_version_is_refused_and_none_is_served() {
         let mut config = node_config();

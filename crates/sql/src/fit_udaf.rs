@@ -159,6 +159,45 @@ fn layout(name: &str, types: &[DataType]) -> DfResult<Layout> {
     })
 }
 
+/// The value of a constant string argument: a [`Literal`], or any expression that evaluates to a
+/// non-NULL string without reading a column (a literal that crossed the FFI boundary arrives as
+/// a foreign expression, not a [`Literal`]). `None` when the argument is not such a constant.
+fn constant_string(expr: &Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> Option<String> {
+    use datafusion::arrow::array::{Array, AsArray, RecordBatchOptions};
+    use datafusion::logical_expr::ColumnarValue;
+    let text = |v: &ScalarValue| match v {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Some(s.clone()),
+        _ => None,
+    };
+    if let Some(l) = expr.downcast_ref::<Literal>() {
+        return text(l.value());
+    }
+    // One row and no columns: a column reference fails, a constant evaluates.
+    let batch = datafusion::arrow::array::RecordBatch::try_new_with_options(
+        Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+        vec![],
+        &RecordBatchOptions::new().with_row_count(Some(1)),
+    )
+    .ok()?;
+    match expr.evaluate(&batch).ok()? {
+        ColumnarValue::Scalar(v) => text(&v),
+        ColumnarValue::Array(a)
+            if a.len() == 1
+                && a.null_count() == 0
+                && matches!(
+                    a.data_type(),
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                ) =>
+        {
+            let a = cast(&a, &DataType::Utf8).ok()?;
+            Some(a.as_string_opt::<i32>()?.value(0).to_string())
+        }
+        ColumnarValue::Array(_) => None,
+    }
+}
+
 impl AggregateUDFImpl for FitAggregate {
     fn name(&self) -> &str {
         self.name
@@ -186,13 +225,9 @@ impl AggregateUDFImpl for FitAggregate {
         let layout = layout(self.name, &types)?;
         let options_json = if layout.has_options {
             let expr = &args.exprs[args.exprs.len() - 1];
-            match expr.downcast_ref::<Literal>().map(|l| l.value()) {
-                Some(
-                    ScalarValue::Utf8(Some(s))
-                    | ScalarValue::LargeUtf8(Some(s))
-                    | ScalarValue::Utf8View(Some(s)),
-                ) => s.clone(),
-                _ => {
+            match constant_string(expr) {
+                Some(s) => s,
+                None => {
                     return plan_err!(
                         "{}: the options argument must be a constant JSON string",
                         self.name
@@ -619,5 +654,34 @@ impl Accumulator for FitAccumulator {
             self.push_rows(&strata, &time, &y, &ids, Some(&vals), Some(&clusters))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod constant_tests {
+    use super::*;
+    use datafusion::physical_expr::expressions::{col, lit, BinaryExpr};
+    use datafusion::physical_expr::PhysicalExpr;
+
+    #[test]
+    fn constants_are_read_from_literals_and_constant_expressions_only() {
+        let schema =
+            datafusion::arrow::datatypes::Schema::new(vec![Field::new("o", DataType::Utf8, true)]);
+        let l: Arc<dyn PhysicalExpr> = lit("{\"ci\": \"none\"}");
+        assert_eq!(constant_string(&l).as_deref(), Some("{\"ci\": \"none\"}"));
+        // Not a Literal node, but constant (as a literal wrapped by another layer evaluates).
+        let wrapped: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            lit("{\"ci\""),
+            datafusion::logical_expr::Operator::StringConcat,
+            lit(": \"none\"}"),
+        ));
+        assert_eq!(
+            constant_string(&wrapped).as_deref(),
+            Some("{\"ci\": \"none\"}")
+        );
+        // A column is not a constant; neither is a NULL or a number.
+        assert_eq!(constant_string(&col("o", &schema).unwrap()), None);
+        assert_eq!(constant_string(&lit(ScalarValue::Utf8(None))), None);
+        assert_eq!(constant_string(&lit(3i64)), None);
     }
 }

@@ -19,6 +19,13 @@
 //! epifusion's own table functions. A table function registered in the calling session by
 //! someone else (not DataFusion's, not epifusion's) cannot be called *inside* an input query:
 //! the trait does not list table functions.
+//!
+//! **Planners.** The query planner and physical optimizer rules are the session's own when it is
+//! a DataFusion `SessionState` (epifusion's sessions, a Ballista client's or executor's);
+//! any other session — datafusion-python's, seen through the FFI as a foreign session — gets
+//! DataFusion's defaults, run in this process: a foreign session's planner crosses the FFI
+//! by serializing the logical plan with *its* extension codec, which cannot carry epifusion's
+//! tables (nor a table function's planned inputs). [`physical_plan`] follows the same rule.
 
 use std::sync::Arc;
 
@@ -53,7 +60,8 @@ pub fn check_read_only(plan: &LogicalPlan, what: &str) -> DfResult<()> {
 /// A state for planning SQL in the calling session, built through the [`Session`] trait (no
 /// downcast; see the module documentation for what it carries).
 pub fn planning_state(session: &dyn Session) -> SessionState {
-    let mut state = SessionStateBuilder::new()
+    let native = session.as_any().is::<SessionState>();
+    let mut builder = SessionStateBuilder::new()
         .with_session_id(session.session_id().to_string())
         .with_config(shared_catalog_config(
             session.config(),
@@ -64,13 +72,16 @@ pub fn planning_state(session: &dyn Session) -> SessionState {
         .with_catalog_list(session.catalog_list())
         .with_table_options(session.table_options().clone())
         .with_execution_props(session.execution_props().clone())
-        .with_query_planner(session.query_planner())
-        .with_physical_optimizer_rules(session.physical_optimizers().to_vec())
         .with_scalar_functions(session.scalar_functions().values().cloned().collect())
         .with_higher_order_functions(session.higher_order_functions().values().cloned().collect())
         .with_aggregate_functions(session.aggregate_functions().values().cloned().collect())
-        .with_window_functions(session.window_functions().values().cloned().collect())
-        .build();
+        .with_window_functions(session.window_functions().values().cloned().collect());
+    if native {
+        builder = builder
+            .with_query_planner(session.query_planner())
+            .with_physical_optimizer_rules(session.physical_optimizers().to_vec());
+    }
+    let mut state = builder.build();
     crate::session::register_table_functions(&mut state);
     state
 }
@@ -107,7 +118,20 @@ pub async fn logical_plan(session: &dyn Session, sql: &str, what: &str) -> DfRes
 /// Plan `sql` (read-only) into an execution plan in the calling session.
 pub async fn plan_sql(state: &dyn Session, sql: &str) -> DfResult<Arc<dyn ExecutionPlan>> {
     let plan = logical_plan(state, sql, "an input query").await?;
-    state.create_physical_plan(&plan).await
+    physical_plan(state, &plan).await
+}
+
+/// The execution plan of `plan` in the calling session: by the session itself when it is a
+/// DataFusion `SessionState`, else by [`planning_state`] (module documentation, "Planners").
+pub async fn physical_plan(
+    session: &dyn Session,
+    plan: &LogicalPlan,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    if session.as_any().is::<SessionState>() {
+        session.create_physical_plan(plan).await
+    } else {
+        planning_state(session).create_physical_plan(plan).await
+    }
 }
 
 /// `ctx.sql(sql)` for an input query: refused unless read-only.

@@ -48,6 +48,16 @@ pub struct PlannedEpiTable {
 }
 
 impl PlannedEpiTable {
+    /// A call of `spec` over `inputs` (logical plans, checked read-only when a node decodes
+    /// them) with the output `schema`.
+    pub fn new(spec: NodeSpec, inputs: Vec<LogicalPlan>, schema: SchemaRef) -> PlannedEpiTable {
+        PlannedEpiTable {
+            spec,
+            inputs,
+            schema,
+        }
+    }
+
     /// What the call computes.
     pub fn spec(&self) -> &NodeSpec {
         &self.spec
@@ -78,7 +88,7 @@ impl TableProvider for PlannedEpiTable {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let mut children = Vec::with_capacity(self.inputs.len());
         for plan in &self.inputs {
-            children.push(state.create_physical_plan(plan).await?);
+            children.push(crate::planning::physical_plan(state, plan).await?);
         }
         Ok(Arc::new(EpiExec::try_new(
             self.spec.clone(),
@@ -264,9 +274,12 @@ fn decode_body(
     let mut inputs = Vec::with_capacity(head.inputs.len());
     for n in head.inputs {
         let (body, tail) = rest.split_at_checked(n).ok_or_else(truncated)?;
-        inputs.push(logical_plan_from_bytes_with_extension_codec(
-            body, ctx, codec,
-        )?);
+        let plan = logical_plan_from_bytes_with_extension_codec(body, ctx, codec)?;
+        // The client refused writes when it planned the inputs; a node checks again, so a
+        // plan from any other client cannot write through an input either.
+        let what = format!("{}: an input query", head.spec.function());
+        crate::planning::check_read_only(&plan, &what)?;
+        inputs.push(plan);
         rest = tail;
     }
     if !rest.is_empty() {
