@@ -32,10 +32,14 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::datasource::TableType;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{AggregateUDF, Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, PlanProperties};
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udtf::FFI_TableFunction;
@@ -272,11 +276,12 @@ impl TableProvider for InRuntimeTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        InRuntime::new(
+        let plan = InRuntime::new(
             self.handle.clone(),
             self.inner.scan(session, projection, filters, limit),
         )
-        .await
+        .await?;
+        Ok(Arc::new(SealedExec::new(plan)))
     }
 
     fn supports_filters_pushdown(
@@ -284,5 +289,72 @@ impl TableProvider for InRuntimeTable {
         filters: &[&Expr],
     ) -> DfResult<Vec<TableProviderFilterPushDown>> {
         self.inner.supports_filters_pushdown(filters)
+    }
+}
+
+/// An epifusion plan handed to the caller's engine as a leaf: the caller's physical optimizer
+/// cannot see (and rebuild) its children. Rebuilt by a datafusion-python optimizer, a child
+/// that scans one of the caller's own tables would come back wrapped without a runtime and
+/// then run on one of epifusion's threads, where the caller's library has no tokio context
+/// (an abort, not an error). Sealed, the whole subtree runs in epifusion's runtime, which the
+/// FFI enters when the caller executes the leaf.
+#[derive(Debug)]
+pub struct SealedExec {
+    inner: Arc<dyn ExecutionPlan>,
+}
+
+impl SealedExec {
+    /// Seal `inner`.
+    pub fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
+        Self { inner }
+    }
+}
+
+impl DisplayAs for SealedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "EpifusionSealedExec")
+    }
+}
+
+impl ExecutionPlan for SealedExec {
+    fn name(&self) -> &str {
+        "EpifusionSealedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.inner.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(datafusion::common::internal_datafusion_err!(
+                "EpifusionSealedExec has no children, got {}",
+                children.len()
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.inner.execute(partition, context)
     }
 }

@@ -92,8 +92,11 @@ impl ExecutionPlan for OwnRuntimeExec {
         self.input.properties()
     }
 
+    /// None: a leaf to the caller's engine, like `ffi::SealedExec` (a caller's optimizer that
+    /// rebuilt the scan below would hand back plans of its own library to run on epifusion's
+    /// threads).
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
+        vec![]
     }
 
     fn apply_expressions(
@@ -107,14 +110,13 @@ impl ExecutionPlan for OwnRuntimeExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(OwnRuntimeExec {
-                input,
-                runtime: self.runtime.clone(),
-            })),
-            Err(c) => {
-                datafusion::common::internal_err!("OwnRuntimeExec takes one child, got {}", c.len())
-            }
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            datafusion::common::internal_err!(
+                "OwnRuntimeExec has no children, got {}",
+                children.len()
+            )
         }
     }
 

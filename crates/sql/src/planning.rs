@@ -71,11 +71,40 @@ pub fn planning_state(session: &dyn Session) -> SessionState {
         .with_default_features()
         .with_catalog_list(session.catalog_list())
         .with_table_options(session.table_options().clone())
-        .with_execution_props(session.execution_props().clone())
-        .with_scalar_functions(session.scalar_functions().values().cloned().collect())
-        .with_higher_order_functions(session.higher_order_functions().values().cloned().collect())
-        .with_aggregate_functions(session.aggregate_functions().values().cloned().collect())
-        .with_window_functions(session.window_functions().values().cloned().collect());
+        .with_execution_props(session.execution_props().clone());
+    builder = if native {
+        builder
+            .with_scalar_functions(session.scalar_functions().values().cloned().collect())
+            .with_higher_order_functions(
+                session.higher_order_functions().values().cloned().collect(),
+            )
+            .with_aggregate_functions(session.aggregate_functions().values().cloned().collect())
+            .with_window_functions(session.window_functions().values().cloned().collect())
+    } else {
+        // DataFusion's own functions stay this process's (a foreign `coalesce` cannot be
+        // simplified across the FFI, and the physical planner insists it was); the caller's
+        // other functions (its UDFs) are added.
+        use datafusion::execution::SessionStateDefaults as D;
+        builder
+            .with_scalar_functions(with_foreign(
+                D::default_scalar_functions(),
+                session.scalar_functions(),
+                |f| f.name().to_string(),
+                |f| f.aliases().to_vec(),
+            ))
+            .with_aggregate_functions(with_foreign(
+                D::default_aggregate_functions(),
+                session.aggregate_functions(),
+                |f| f.name().to_string(),
+                |f| f.aliases().to_vec(),
+            ))
+            .with_window_functions(with_foreign(
+                D::default_window_functions(),
+                session.window_functions(),
+                |f| f.name().to_string(),
+                |f| f.aliases().to_vec(),
+            ))
+    };
     if native {
         builder = builder
             .with_query_planner(session.query_planner())
@@ -84,6 +113,28 @@ pub fn planning_state(session: &dyn Session) -> SessionState {
     let mut state = builder.build();
     crate::session::register_table_functions(&mut state);
     state
+}
+
+/// `own` plus the functions of `foreign` whose names (or aliases) are not among `own`'s.
+fn with_foreign<F: Clone>(
+    own: Vec<F>,
+    foreign: &std::collections::HashMap<String, F>,
+    name: impl Fn(&F) -> String,
+    aliases: impl Fn(&F) -> Vec<String>,
+) -> Vec<F> {
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for f in &own {
+        taken.insert(name(f));
+        taken.extend(aliases(f));
+    }
+    let mut out = own;
+    let mut extra: Vec<(&String, &F)> = foreign
+        .iter()
+        .filter(|(key, f)| !taken.contains(*key) && !taken.contains(&name(f)))
+        .collect();
+    extra.sort_by(|a, b| a.0.cmp(b.0));
+    out.extend(extra.into_iter().map(|(_, f)| f.clone()));
+    out
 }
 
 /// `config` for a state built over an existing catalog list: building a state with
