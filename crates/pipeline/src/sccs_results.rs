@@ -110,14 +110,16 @@ struct NullGroup {
 
 /// Key of a pair: (analysis index, exposures_outcome_set_id).
 type PairKey = (usize, i64);
+/// The key of one profiled coefficient, as the units' series objects spell it.
+type CovariateKey = (usize, i64, i64);
 
 /// What the units' [`crate::sccs_series`] objects hold, by pair.
 #[derive(Debug, Default)]
 struct Series {
     /// Profile points (not the estimate): ((pair, covariate), log RR, profiled objective).
-    profile: Vec<((usize, i64, i64), f64, f64)>,
+    profile: Vec<(CovariateKey, f64, f64)>,
     /// Per (pair, covariate): the profiled objective at the estimate and at log RR 0.
-    profile_ends: BTreeMap<(usize, i64, i64), (Option<f64>, Option<f64>)>,
+    profile_ends: BTreeMap<CovariateKey, (Option<f64>, Option<f64>)>,
     /// Time trend: [year, month, observed subjects, outcomes], [ratio, adjusted ratio].
     trend: Vec<(PairKey, [i64; 4], [f64; 2])>,
     /// Time to event: [week, observed subjects, outcomes].

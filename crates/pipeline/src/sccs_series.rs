@@ -272,7 +272,8 @@ pub fn unit_tables(
         ],
     )?;
     // Time to event.
-    let weeks: Vec<(&String, (i64, i64, i64, i64))> = series
+    type WeekRow<'a> = (&'a String, (i64, i64, i64, i64));
+    let weeks: Vec<WeekRow> = series
         .iter()
         .flat_map(|(e, s)| s.weeks.iter().map(move |w| (*e, *w)))
         .collect();
