@@ -3,6 +3,7 @@
 mod ballista;
 mod cli;
 mod cohort_ps;
+mod cohort_small;
 mod cohort_synth;
 mod docs;
 mod fit_api;
