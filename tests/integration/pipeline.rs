@@ -882,6 +882,18 @@ fn ps_matched_cohort_unit_writes_the_cohortmethod_tables_and_plots() {
         num(&km[0]) > 10.0 && num(&km[1]) < 1.0 && num(&km[3]) == 1.0,
         "{km:?}"
     );
+    // Follow-up: ordered quantiles per arm, the matched population's time at risk.
+    let fu = row(
+        "cm_follow_up_dist",
+        "SELECT count(*), \
+         CAST(bool_and(target_min_days <= target_p10_days AND target_p10_days <= target_p25_days \
+              AND target_p25_days <= target_median_days AND target_median_days <= target_p75_days \
+              AND target_p75_days <= target_p90_days AND target_p90_days <= target_max_days \
+              AND comparator_min_days <= comparator_median_days \
+              AND comparator_median_days <= comparator_max_days \
+              AND target_min_date <= target_max_date AND target_min_days >= 1) AS VARCHAR) FROM t",
+    );
+    assert_eq!(fu, ["1", "true"], "{fu:?}");
     let lp = row(
         "cm_likelihood_profile",
         "SELECT count(*), max(log_likelihood), min(log_rr), max(log_rr) FROM t",

@@ -478,12 +478,75 @@ pub struct Adjusted {
     /// Kaplan–Meier curves of both arms (adjusted for matched sets or strata); `Err` says why
     /// there are none.
     pub km: Result<ArmCurves, String>,
+    /// Follow-up (days at risk) of each arm of the adjusted population.
+    pub follow_up: FollowUp,
     /// Attrition rows added (trimming, matching).
     pub steps: Vec<AttritionStep>,
     /// Matched sets or strata made.
     pub n_strata: Option<usize>,
     /// Seconds of the adjustment, balance and diagnostics of this unit.
     pub seconds: f64,
+}
+
+/// The quantiles of [`ArmFollowUp::days`].
+pub const FOLLOW_UP_QUANTILES: [f64; 7] = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0];
+
+/// One arm's follow-up in the adjusted population (`cm_follow_up_dist`): CohortMethod's follow-up
+/// is the time at risk, not censored at the outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArmFollowUp {
+    /// Days at risk at [`FOLLOW_UP_QUANTILES`] (min, P10, P25, median, P75, P90, max; R's
+    /// `quantile`, type 7).
+    pub days: [f64; 7],
+    /// The earliest and the latest cohort start (days since 1970-01-01).
+    pub start_range: (i64, i64),
+}
+
+/// Both arms' follow-up; `None` for an arm without subjects.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FollowUp {
+    /// Treatment 1.
+    pub target: Option<ArmFollowUp>,
+    /// Treatment 0.
+    pub comparator: Option<ArmFollowUp>,
+}
+
+impl FollowUp {
+    /// From each subject's arm, time at risk and cohort start day.
+    pub fn of(treatment: &[bool], time_at_risk: &[f64], start_day: &[i64]) -> FollowUp {
+        let arm = |want: bool| -> Option<ArmFollowUp> {
+            let mut days: Vec<f64> = Vec::new();
+            let (mut first, mut last) = (i64::MAX, i64::MIN);
+            for ((&t, &d), &s) in treatment.iter().zip(time_at_risk).zip(start_day) {
+                if t == want {
+                    days.push(d);
+                    first = first.min(s);
+                    last = last.max(s);
+                }
+            }
+            if days.is_empty() {
+                return None;
+            }
+            days.sort_by(f64::total_cmp);
+            Some(ArmFollowUp {
+                days: FOLLOW_UP_QUANTILES.map(|p| quantile_type7(&days, p)),
+                start_range: (first, last),
+            })
+        };
+        FollowUp {
+            target: arm(true),
+            comparator: arm(false),
+        }
+    }
+}
+
+/// R's default `quantile` (type 7) of sorted, non-empty `x`: x[⌊h⌋] + (h − ⌊h⌋)(x[⌊h⌋+1] − x[⌊h⌋])
+/// with h = (n − 1)p.
+fn quantile_type7(x: &[f64], p: f64) -> f64 {
+    let h = (x.len() - 1) as f64 * p;
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(x.len() - 1);
+    x[lo] + (h - lo as f64) * (x[hi] - x[lo])
 }
 
 /// Adjust unit `a`'s study tables in place (see the module documentation): `None` for a unit
@@ -781,6 +844,9 @@ pub async fn adjust(
     };
     let km = kaplan_meier_by_arm(&t_k, &time_k, &event_k, km_strata, Some(&ps_k))
         .map_err(|e| e.to_string());
+    let start = i64s(&outcomes, "cohort_start_day")?;
+    let start_k: Vec<i64> = kept.iter().map(|&i| start[i]).collect();
+    let follow_up = FollowUp::of(&t_k, &time_k, &start_k);
 
     t.outcomes = vec![adjusted];
     t.covariates = covariates;
@@ -797,6 +863,7 @@ pub async fn adjust(
         values,
         diagnostics,
         km,
+        follow_up,
         steps,
         n_strata,
         seconds: t0.elapsed().as_secs_f64(),
@@ -807,4 +874,30 @@ enum Owned {
     Iptw(Vec<f64>),
     Strata(Vec<i64>),
     None,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_up_quantiles_are_r_type_7_per_arm() {
+        // R: quantile(c(1, 2, 4, 8, 30), c(0, .1, .25, .5, .75, .9, 1))
+        //    = 1, 1.4, 2, 4, 8, 21.2, 30
+        let t = [true, false, true, true, false, true, true];
+        let d = [8.0, 5.0, 1.0, 30.0, 7.0, 2.0, 4.0];
+        let s = [10, 3, 12, 11, 9, 15, 14];
+        let f = FollowUp::of(&t, &d, &s);
+        let target = f.target.unwrap();
+        let want = [1.0, 1.4, 2.0, 4.0, 8.0, 21.2, 30.0];
+        for (g, w) in target.days.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{:?}", target.days);
+        }
+        assert_eq!(target.start_range, (10, 15));
+        let c = f.comparator.unwrap();
+        assert_eq!((c.days[0], c.days[6]), (5.0, 7.0));
+        assert!((c.days[3] - 6.0).abs() < 1e-12);
+        assert_eq!(c.start_range, (3, 9));
+        assert_eq!(FollowUp::of(&[true], &[3.0], &[1]).comparator, None);
+    }
 }

@@ -2,7 +2,7 @@
 //! (`inst/csv/resultsDataModelSpecification.csv`: table and column names), written as Parquet
 //! beside the unit's estimates: `cm_result`, `cm_analysis`, `cm_covariate_balance`,
 //! `cm_diagnostics_summary`, `cm_propensity_model`, `cm_preference_score_dist`,
-//! `cm_kaplan_meier_dist`, `cm_attrition` and `cm_likelihood_profile`.
+//! `cm_kaplan_meier_dist`, `cm_follow_up_dist`, `cm_attrition` and `cm_likelihood_profile`.
 //!
 //! Conventions:
 //! * `database_id`: see [`database_id`].
@@ -26,6 +26,10 @@
 //!   maximum of 1 as CohortMethod's export does.
 //! * `cm_kaplan_meier_dist`: both arms' (adjusted) curves at the union of their event and
 //!   censoring times; `*_at_risk` unweighted.
+//! * `cm_follow_up_dist`: per arm of the adjusted population, the time at risk (days; not
+//!   censored at the outcome, as CohortMethod defines follow-up) at its minimum, 10th, 25th,
+//!   50th, 75th, 90th percentile and maximum (R `quantile` type 7), and the first and last
+//!   cohort start dates; NULL for an arm without subjects.
 
 use std::sync::Arc;
 
@@ -41,7 +45,7 @@ use super::cohort_adjust::Adjusted;
 use super::plan::{Analysis, Design, Pipeline};
 
 /// The result tables' names, in write order.
-pub const CM_TABLES: [&str; 9] = [
+pub const CM_TABLES: [&str; 10] = [
     "cm_result",
     "cm_analysis",
     "cm_covariate_balance",
@@ -49,6 +53,7 @@ pub const CM_TABLES: [&str; 9] = [
     "cm_propensity_model",
     "cm_preference_score_dist",
     "cm_kaplan_meier_dist",
+    "cm_follow_up_dist",
     "cm_attrition",
     "cm_likelihood_profile",
 ];
@@ -127,6 +132,17 @@ impl Table {
         let v: Vec<Option<f64>> = v.into_iter().map(|x| x.filter(|x| x.is_finite())).collect();
         self.fields.push(Field::new(name, DataType::Float64, true));
         self.columns.push(Arc::new(Float64Array::from(v)));
+        self
+    }
+    /// A DATE column from days since 1970-01-01 (NULL where `None` or out of range).
+    fn date(mut self, name: &str, v: Vec<Option<i64>>) -> Self {
+        let v: Vec<Option<i32>> = v
+            .into_iter()
+            .map(|d| d.and_then(|d| i32::try_from(d).ok()))
+            .collect();
+        self.fields.push(Field::new(name, DataType::Date32, true));
+        self.columns
+            .push(Arc::new(datafusion::arrow::array::Date32Array::from(v)));
         self
     }
     fn str(mut self, name: &str, v: Vec<String>) -> Self {
@@ -543,6 +559,38 @@ pub fn cm_tables(u: &UnitResults<'_>) -> DfResult<Vec<(&'static str, RecordBatch
             .keys(&k, "tcoad", 0),
     };
     out.push(("cm_kaplan_meier_dist", km.batch()?));
+
+    // cm_follow_up_dist: one row.
+    let mut fu = Table::default().keys(&k, "tcoa", 1);
+    for (arm, f) in [
+        ("target", &adj.follow_up.target),
+        ("comparator", &adj.follow_up.comparator),
+    ] {
+        for (i, q) in ["min", "p10", "p25", "median", "p75", "p90", "max"]
+            .iter()
+            .enumerate()
+        {
+            fu = fu.f64(
+                &format!("{arm}_{q}_days"),
+                vec![f.as_ref().map(|f| f.days[i])],
+            );
+        }
+    }
+    for (arm, f) in [
+        ("target", &adj.follow_up.target),
+        ("comparator", &adj.follow_up.comparator),
+    ] {
+        fu = fu
+            .date(
+                &format!("{arm}_min_date"),
+                vec![f.as_ref().map(|f| f.start_range.0)],
+            )
+            .date(
+                &format!("{arm}_max_date"),
+                vec![f.as_ref().map(|f| f.start_range.1)],
+            );
+    }
+    out.push(("cm_follow_up_dist", fu.keys(&k, "d", 1).batch()?));
 
     // cm_attrition: one row per step and arm.
     let mut seq = Vec::new();
