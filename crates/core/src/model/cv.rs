@@ -35,8 +35,12 @@
 //! sums are rebuilt for the selection, as in a copy of the fold's rows). The sorted columns are
 //! shared, so k folds cost one structure plus one row state per worker thread, not k copies of
 //! the data; each fold's training and held-out likelihoods are the same worker, selected in
-//! turn. The other models keep one likelihood per fold (a copy of its rows, about k copies of
-//! the design).
+//! turn. The other models build a fold's likelihoods (copies of its training rows, then of its
+//! held-out rows) when that fold is fitted and drop them after: memory is about one copy of the
+//! design per worker thread whatever the number of folds × repetitions (CohortMethod's default
+//! 10 × 10 would otherwise hold 100 copies); only each fold's β is kept between candidates. The
+//! fits start from that β and rebuild their state from it, so the result is the same as with
+//! kept copies.
 //!
 //! **Warm starts and reproducibility.** Each fold keeps its last β, which starts the next
 //! candidate's fit. Folds run in parallel (rayon); each fold's computation is sequential in
@@ -359,13 +363,35 @@ pub fn assign_folds(n_units: usize, folds: usize, repetitions: usize, seed: u64)
         .collect()
 }
 
-/// One fold of the copies path: its own training and held-out likelihoods.
+/// One fold of the copies path: its likelihoods are built from copies of its rows when it is
+/// fitted ([`copy_side`]) and dropped after.
 struct FoldState {
-    train: Box<dyn Likelihood>,
-    /// `None`: the held-out rows have no event (held-out log-likelihood 0).
-    test: Option<Box<dyn Likelihood>>,
+    rep: usize,
+    fold: u32,
+    /// `false`: the held-out rows have no event (held-out log-likelihood 0).
+    has_test: bool,
     beta: Vec<f64>,
     label: String,
+}
+
+/// A likelihood on a copy of fold `fold`'s training rows (`test` false) or held-out rows of
+/// repetition `rep`; `Err(Error::Empty)` when those rows carry no information.
+fn copy_side(
+    problem: &Problem<'_>,
+    assignment: &[Vec<u32>],
+    unit_of_row: &[u32],
+    rep: usize,
+    fold: u32,
+    test: bool,
+) -> Result<Box<dyn Likelihood>> {
+    let of = &assignment[rep];
+    let rows: Vec<u32> = unit_of_row
+        .iter()
+        .enumerate()
+        .filter(|&(_, &u)| (of[u as usize] == fold) == test)
+        .map(|(i, _)| i as u32)
+        .collect();
+    problem.likelihood_on(&rows, None)
 }
 
 /// One fold of the shared path (a row selection of the shared model).
@@ -636,37 +662,32 @@ fn cross_validate_with(
             folds: kept,
         }
     } else {
+        // Build every fold once to find the skipped ones and the empty held-out sets; the
+        // copies are dropped at once (module docs, memory).
         let built: Vec<std::result::Result<FoldState, String>> = tasks
             .par_iter()
             .map(|&(r, f)| {
                 let label = label_of(r, f);
-                let fold = &assignment[r];
-                let (mut train, mut test) = (Vec::new(), Vec::new());
-                for (i, &u) in unit_of_row.iter().enumerate() {
-                    if fold[u as usize] as usize == f {
-                        test.push(i as u32);
-                    } else {
-                        train.push(i as u32);
-                    }
-                }
                 let wrap = |e: Error| Error::FitFailed(format!("cross-validation, {label}: {e}"));
-                let train = match problem.likelihood_on(&train, None) {
-                    Ok(l) => l,
+                let fold = f as u32;
+                match copy_side(problem, &assignment, &unit_of_row, r, fold, false) {
+                    Ok(_) => {}
                     Err(Error::Empty(why)) => {
                         return Ok(Err(format!(
                             "{label}: training set without information ({why})"
                         )))
                     }
                     Err(e) => return Err(wrap(e)),
-                };
-                let test = match problem.likelihood_on(&test, None) {
-                    Ok(l) => Some(l),
-                    Err(Error::Empty(_)) => None,
+                }
+                let has_test = match copy_side(problem, &assignment, &unit_of_row, r, fold, true) {
+                    Ok(_) => true,
+                    Err(Error::Empty(_)) => false,
                     Err(e) => return Err(wrap(e)),
                 };
                 Ok(Ok(FoldState {
-                    train,
-                    test,
+                    rep: r,
+                    fold,
+                    has_test,
                     beta: vec![0.0; p],
                     label,
                 }))
@@ -682,10 +703,7 @@ fn cross_validate_with(
         Folds::Copies(states)
     };
     let (n_kept, empty_test_folds) = match &folds {
-        Folds::Copies(states) => (
-            states.len(),
-            states.iter().filter(|s| s.test.is_none()).count(),
-        ),
+        Folds::Copies(states) => (states.len(), states.iter().filter(|s| !s.has_test).count()),
         Folds::Shared { folds, .. } => {
             (folds.len(), folds.iter().filter(|s| !s.test_events).count())
         }
@@ -704,11 +722,18 @@ fn cross_validate_with(
             Folds::Copies(states) => states
                 .par_iter_mut()
                 .map(|s| {
-                    s.beta = fit_fold(problem, &priors, v, &s.label, s.train.as_mut(), &s.beta)?;
-                    match s.test.as_mut() {
-                        Some(test) => held_out(&s.label, v, test.as_mut(), &s.beta),
-                        None => Ok(0.0),
+                    let side = |test: bool| {
+                        copy_side(problem, &assignment, &unit_of_row, s.rep, s.fold, test).map_err(
+                            |e| Error::FitFailed(format!("cross-validation, {}: {e}", s.label)),
+                        )
+                    };
+                    let mut train = side(false)?;
+                    s.beta = fit_fold(problem, &priors, v, &s.label, train.as_mut(), &s.beta)?;
+                    drop(train);
+                    if !s.has_test {
+                        return Ok(0.0);
                     }
+                    held_out(&s.label, v, side(true)?.as_mut(), &s.beta)
                 })
                 .collect::<Result<_>>()?,
             Folds::Shared {
