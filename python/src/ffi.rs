@@ -35,6 +35,7 @@ use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TablePr
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::datasource::TableType;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{AggregateUDF, Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::PhysicalExpr;
@@ -298,15 +299,31 @@ impl TableProvider for InRuntimeTable {
 /// then run on one of epifusion's threads, where the caller's library has no tokio context
 /// (an abort, not an error). Sealed, the whole subtree runs in epifusion's runtime, which the
 /// FFI enters when the caller executes the leaf.
+///
+/// With a runtime environment ([`SealedExec::with_runtime`]) the subtree also executes with
+/// it in place of the caller's (a foreign task context carries a default one, without
+/// epifusion's object stores).
 #[derive(Debug)]
 pub struct SealedExec {
     inner: Arc<dyn ExecutionPlan>,
+    runtime: Option<Arc<RuntimeEnv>>,
 }
 
 impl SealedExec {
     /// Seal `inner`.
     pub fn new(inner: Arc<dyn ExecutionPlan>) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            runtime: None,
+        }
+    }
+
+    /// Seal `inner`, executed with `runtime`.
+    pub fn with_runtime(inner: Arc<dyn ExecutionPlan>, runtime: Arc<RuntimeEnv>) -> Self {
+        Self {
+            inner,
+            runtime: Some(runtime),
+        }
     }
 }
 
@@ -355,6 +372,19 @@ impl ExecutionPlan for SealedExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
+        let Some(runtime) = &self.runtime else {
+            return self.inner.execute(partition, context);
+        };
+        let context = Arc::new(TaskContext::new(
+            context.task_id(),
+            context.session_id(),
+            context.session_config().clone(),
+            context.scalar_functions().clone(),
+            context.higher_order_functions().clone(),
+            context.aggregate_functions().clone(),
+            context.window_functions().clone(),
+            runtime.clone(),
+        ));
         self.inner.execute(partition, context)
     }
 }

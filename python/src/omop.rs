@@ -4,22 +4,18 @@
 //! [`epifusion_sql::store::EnvObjectStoreRegistry`]: local folders, `file://`, `s3://`, `gs://`,
 //! `az://`, `http(s)://`) and returns its tables. A foreign session has a default runtime
 //! environment without those stores, so each table plans and executes its scans with the
-//! epifusion session's state and runtime ([`OwnRuntimeTable`], [`OwnRuntimeExec`]).
+//! epifusion session's state and runtime ([`OwnRuntimeTable`], sealed with that runtime: [`crate::ffi::SealedExec::with_runtime`]).
 
-use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::Result as DfResult;
 use datafusion::datasource::TableType;
-use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::table_provider::FFI_TableProvider;
 use epifusion_sql::session::{new_session, SessionOptions};
 use pyo3::prelude::*;
@@ -55,10 +51,10 @@ impl TableProvider for OwnRuntimeTable {
             .clone();
         let scan = self.inner.scan(&self.state, projection, filters, limit);
         let plan = crate::ffi::InRuntime::new(handle, scan).await?;
-        Ok(Arc::new(OwnRuntimeExec {
-            input: plan,
-            runtime: self.state.runtime_env().clone(),
-        }))
+        Ok(Arc::new(crate::ffi::SealedExec::with_runtime(
+            plan,
+            self.state.runtime_env().clone(),
+        )))
     }
 
     fn supports_filters_pushdown(
@@ -66,76 +62,6 @@ impl TableProvider for OwnRuntimeTable {
         filters: &[&Expr],
     ) -> DfResult<Vec<TableProviderFilterPushDown>> {
         self.inner.supports_filters_pushdown(filters)
-    }
-}
-
-/// Executes `input` with `runtime` in place of the caller's runtime environment (a foreign
-/// task context carries a default one, without epifusion's object stores).
-#[derive(Debug)]
-pub struct OwnRuntimeExec {
-    input: Arc<dyn ExecutionPlan>,
-    runtime: Arc<RuntimeEnv>,
-}
-
-impl DisplayAs for OwnRuntimeExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "OwnRuntimeExec")
-    }
-}
-
-impl ExecutionPlan for OwnRuntimeExec {
-    fn name(&self) -> &str {
-        "OwnRuntimeExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    /// None: a leaf to the caller's engine, like `ffi::SealedExec` (a caller's optimizer that
-    /// rebuilt the scan below would hand back plans of its own library to run on epifusion's
-    /// threads).
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            datafusion::common::internal_err!(
-                "OwnRuntimeExec has no children, got {}",
-                children.len()
-            )
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let context = Arc::new(TaskContext::new(
-            context.task_id(),
-            context.session_id(),
-            context.session_config().clone(),
-            context.scalar_functions().clone(),
-            context.higher_order_functions().clone(),
-            context.aggregate_functions().clone(),
-            context.window_functions().clone(),
-            self.runtime.clone(),
-        ));
-        self.input.execute(partition, context)
     }
 }
 
