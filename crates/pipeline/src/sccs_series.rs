@@ -14,11 +14,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, StringArray,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, StringArray};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{exec_datafusion_err, Result as DfResult};
 use epifusion_core::sccs_diagnostics::{
@@ -155,14 +153,17 @@ fn strings(v: Vec<String>) -> ArrayRef {
     Arc::new(StringArray::from(v))
 }
 
-fn batch(fields: Vec<(&str, DataType)>, columns: Vec<ArrayRef>) -> DfResult<RecordBatch> {
-    let schema = Schema::new(
+fn schema(fields: Vec<(&str, DataType)>) -> SchemaRef {
+    Arc::new(Schema::new(
         fields
             .into_iter()
             .map(|(n, t)| Field::new(n, t, true))
             .collect::<Vec<_>>(),
-    );
-    Ok(RecordBatch::try_new(Arc::new(schema), columns)?)
+    ))
+}
+
+fn batch(fields: Vec<(&str, DataType)>, columns: Vec<ArrayRef>) -> DfResult<RecordBatch> {
+    Ok(RecordBatch::try_new(schema(fields), columns)?)
 }
 
 /// The unit's `sccs_profile`, `sccs_time_trend`, `sccs_time_to_event` and
@@ -175,20 +176,23 @@ pub fn unit_tables(
     use DataType::{Boolean, Float64, Int64, Utf8};
     let unit = |n: usize| strings(vec![a.id.clone(); n]);
     // Profiles.
+    let profile_fields = || {
+        vec![
+            ("analysis_id", Utf8),
+            ("exposure", Utf8),
+            ("covariate_id", Int64),
+            ("log_rr", Float64),
+            ("profile", Float64),
+            ("log_likelihood", Float64),
+            ("is_estimate", Boolean),
+        ]
+    };
     let mut profile = Vec::new();
     for (exposure, p, _) in pairs {
         let Some(p) = p else { continue };
         let n = p.num_rows();
         profile.push(batch(
-            vec![
-                ("analysis_id", Utf8),
-                ("exposure", Utf8),
-                ("covariate_id", Int64),
-                ("log_rr", Float64),
-                ("profile", Float64),
-                ("log_likelihood", Float64),
-                ("is_estimate", Boolean),
-            ],
+            profile_fields(),
             vec![
                 unit(n),
                 strings(vec![exposure.clone(); n]),
@@ -201,26 +205,7 @@ pub fn unit_tables(
         )?);
     }
     if profile.is_empty() {
-        profile.push(batch(
-            vec![
-                ("analysis_id", Utf8),
-                ("exposure", Utf8),
-                ("covariate_id", Int64),
-                ("log_rr", Float64),
-                ("profile", Float64),
-                ("log_likelihood", Float64),
-                ("is_estimate", Boolean),
-            ],
-            vec![
-                unit(0),
-                strings(Vec::new()),
-                Arc::new(Int64Array::from(Vec::<i64>::new())),
-                Arc::new(Float64Array::from(Vec::<f64>::new())),
-                Arc::new(Float64Array::from(Vec::<f64>::new())),
-                Arc::new(Float64Array::from(Vec::<f64>::new())),
-                Arc::new(BooleanArray::from(Vec::<bool>::new())),
-            ],
-        )?);
+        profile.push(RecordBatch::new_empty(schema(profile_fields())));
     }
     let series: Vec<(&String, &PairSeries)> = pairs
         .iter()
