@@ -401,52 +401,33 @@ pub(crate) fn chromium() -> Option<String> {
     None
 }
 
-/// Open the report in headless chromium through a probe page (the report itself has no script)
-/// and check what a person sees: the rendered text, the plot's markers and their positions.
-fn chromium_sees_the_report(report: &Path) {
-    let Some(browser) = chromium() else { return };
-    let dir = report.parent().unwrap();
-    let probe = dir.join("probe.html");
-    std::fs::write(
-        &probe,
-        r#"<!DOCTYPE html><html><body><iframe id="f" src="report.html" width="1400" height="4000"></iframe>
+/// Open `report` (a `report.html`) in headless chromium inside a probe page (the report itself
+/// has no script) written next to it as `probe_file`, an iframe `height` pixels high; `collect`
+/// is the script body that fills `out` from the report's document `d`. The probe's JSON, or
+/// `None` (skipped) without a browser outside CI.
+pub(crate) fn chromium_probe(
+    report: &Path,
+    probe_file: &str,
+    height: u32,
+    collect: &str,
+) -> Option<serde_json::Value> {
+    let browser = chromium()?;
+    let probe = report.parent().unwrap().join(probe_file);
+    let page = format!(
+        r#"<!DOCTYPE html><html><body><iframe id="f" src="report.html" width="1400" height="{height}"></iframe>
 <pre id="probe">waiting</pre>
 <script>
-document.getElementById('f').addEventListener('load', function () {
-  var out = {};
-  try {
+document.getElementById('f').addEventListener('load', function () {{
+  var out = {{}};
+  try {{
     var d = this.contentDocument;
-    out.title = d.title;
-    out.text = d.body.innerText;
-    var svg = d.querySelector('svg.forest');
-    var sb = svg.getBoundingClientRect();
-    out.svg = {w: sb.width, h: sb.height};
-    var ref = d.querySelector('line.reference').getBoundingClientRect();
-    out.reference = ref.x + ref.width / 2 - sb.x;
-    var plot = d.querySelector('rect.plot-area').getBoundingClientRect();
-    out.rows = Array.from(d.querySelectorAll('g.forest-row')).map(function (g) {
-      var m = g.querySelector('rect.estimate').getBoundingClientRect();
-      var lb = g.querySelector('text.label').getBoundingClientRect();
-      var vb = g.querySelector('text.value').getBoundingClientRect();
-      var ci = g.querySelector('line.ci');
-      var c = ci ? ci.getBoundingClientRect() : null;
-      return {analysis: g.getAttribute('data-analysis'), ratio: parseFloat(g.getAttribute('data-ratio')),
-              x: m.x + m.width / 2 - sb.x, w: m.width, h: m.height,
-              inside: m.x >= sb.x && m.right <= sb.right && m.y >= sb.y && m.bottom <= sb.bottom,
-              ci: c ? [c.x - sb.x, c.right - sb.x] : null,
-              labelClear: lb.right <= plot.left && lb.width > 0,
-              valueClear: vb.left >= plot.right && vb.right <= sb.right,
-              label: g.querySelector('text.label').textContent,
-              value: g.querySelector('text.value').textContent};
-    });
-    out.attrition = Array.from(d.querySelectorAll('table.attrition')).map(function (t) { return t.rows.length; });
-    out.sccsDiagnostics = Array.from(d.querySelectorAll('table.sccs-diagnostics tbody tr')).map(function (r) { return r.innerText; });
-  } catch (e) { out.error = String(e); }
+{collect}
+  }} catch (e) {{ out.error = String(e); }}
   document.getElementById('probe').textContent = JSON.stringify(out);
-});
-</script></body></html>"#,
-    )
-    .unwrap();
+}});
+</script></body></html>"#
+    );
+    std::fs::write(&probe, page).unwrap();
     let o = Command::new(&browser)
         .args([
             "--headless",
@@ -472,6 +453,43 @@ document.getElementById('f').addEventListener('load', function () {
     let v: serde_json::Value =
         serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
     assert!(v.get("error").is_none(), "{v}");
+    let _ = std::fs::remove_file(&probe);
+    Some(v)
+}
+
+/// Open the report in headless chromium through a probe page (the report itself has no script)
+/// and check what a person sees: the rendered text, the plot's markers and their positions.
+fn chromium_sees_the_report(report: &Path) {
+    const COLLECT: &str = r#"
+    out.title = d.title;
+    out.text = d.body.innerText;
+    var svg = d.querySelector('svg.forest');
+    var sb = svg.getBoundingClientRect();
+    out.svg = {w: sb.width, h: sb.height};
+    var ref = d.querySelector('line.reference').getBoundingClientRect();
+    out.reference = ref.x + ref.width / 2 - sb.x;
+    var plot = d.querySelector('rect.plot-area').getBoundingClientRect();
+    out.rows = Array.from(d.querySelectorAll('g.forest-row')).map(function (g) {
+      var m = g.querySelector('rect.estimate').getBoundingClientRect();
+      var lb = g.querySelector('text.label').getBoundingClientRect();
+      var vb = g.querySelector('text.value').getBoundingClientRect();
+      var ci = g.querySelector('line.ci');
+      var c = ci ? ci.getBoundingClientRect() : null;
+      return {analysis: g.getAttribute('data-analysis'), ratio: parseFloat(g.getAttribute('data-ratio')),
+              x: m.x + m.width / 2 - sb.x, w: m.width, h: m.height,
+              inside: m.x >= sb.x && m.right <= sb.right && m.y >= sb.y && m.bottom <= sb.bottom,
+              ci: c ? [c.x - sb.x, c.right - sb.x] : null,
+              labelClear: lb.right <= plot.left && lb.width > 0,
+              valueClear: vb.left >= plot.right && vb.right <= sb.right,
+              label: g.querySelector('text.label').textContent,
+              value: g.querySelector('text.value').textContent};
+    });
+    out.attrition = Array.from(d.querySelectorAll('table.attrition')).map(function (t) { return t.rows.length; });
+    out.sccsDiagnostics = Array.from(d.querySelectorAll('table.sccs-diagnostics tbody tr')).map(function (r) { return r.innerText; });
+"#;
+    let Some(v) = chromium_probe(report, "probe.html", 4000, COLLECT) else {
+        return;
+    };
     assert!(
         v["title"].as_str().unwrap().contains("GiBleed"),
         "{}",
@@ -528,7 +546,6 @@ document.getElementById('f').addEventListener('load', function () {
         assert!(r.contains("NOT EVALUATED"), "{r}");
     }
     assert!(seen.contains("SCCS empirical calibration") && seen.contains("SCCS diagnostics"));
-    let _ = std::fs::remove_file(&probe);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -907,18 +924,7 @@ fn ps_matched_cohort_unit_writes_the_cohortmethod_tables_and_plots() {
 
 /// The PS-adjusted unit's plots in headless chromium: each SVG drawn with its marks.
 fn chromium_sees_cohort_plots(report: &Path) {
-    let Some(browser) = chromium() else { return };
-    let dir = report.parent().unwrap();
-    let probe = dir.join("probe_cohort.html");
-    std::fs::write(
-        &probe,
-        r#"<!DOCTYPE html><html><body><iframe id="f" src="report.html" width="1400" height="6000"></iframe>
-<pre id="probe">waiting</pre>
-<script>
-document.getElementById('f').addEventListener('load', function () {
-  var out = {};
-  try {
-    var d = this.contentDocument;
+    const COLLECT: &str = r#"
     out.text = d.body.innerText;
     ['ps-dist', 'balance', 'km'].forEach(function (c) {
       var svg = d.querySelector('svg.' + c);
@@ -932,37 +938,10 @@ document.getElementById('f').addEventListener('load', function () {
     });
     var t = d.querySelector('table.cm-diagnostics');
     out.diagnostics = t ? t.rows.length : 0;
-  } catch (e) { out.error = String(e); }
-  document.getElementById('probe').textContent = JSON.stringify(out);
-});
-</script></body></html>"#,
-    )
-    .unwrap();
-    let o = Command::new(&browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--allow-file-access-from-files",
-            "--virtual-time-budget=15000",
-            "--dump-dom",
-        ])
-        .arg(format!("file://{}", probe.display()))
-        .output()
-        .expect("run chromium");
-    let dom = String::from_utf8_lossy(&o.stdout);
-    let json = dom
-        .split("<pre id=\"probe\">")
-        .nth(1)
-        .and_then(|s| s.split("</pre>").next())
-        .unwrap_or_else(|| panic!("no probe output: {dom}"))
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&amp;", "&");
-    let v: serde_json::Value =
-        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
-    assert!(v.get("error").is_none(), "{v}");
+"#;
+    let Some(v) = chromium_probe(report, "probe_cohort.html", 6000, COLLECT) else {
+        return;
+    };
     for (class, min_marks) in [("ps-dist", 2), ("balance", 50), ("km", 2)] {
         let p = &v[class];
         assert!(p.is_object(), "no svg.{class}: {v}");
@@ -979,7 +958,6 @@ document.getElementById('f').addEventListener('load', function () {
     ] {
         assert!(seen.contains(expected), "`{expected}` not visible:\n{seen}");
     }
-    let _ = std::fs::remove_file(&probe);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use epifusion_core::model::rng::Rng;
 
-use crate::study::{date, f64s, i64s, session, strings};
+use crate::study::{f64s, i64s, session, strings, CsvStore};
 
 /// Persons observed 730 days from a random start in 2015–2016, one 30-day era of concept 5,
 /// outcomes (concept 7) at 1/800 per day; with `dependent_end`, an outcome ends the observation
@@ -18,21 +18,9 @@ fn store(tag: &str, dependent_end: bool) -> PathBuf {
         "epifusion-sccs-diagnostics-{tag}-{}",
         std::process::id()
     ));
-    std::fs::create_dir_all(&dir).unwrap();
     let mut rng = Rng::new(if dependent_end { 7 } else { 11 });
-    let mut person =
-        String::from("person_id,gender_concept_id,year_of_birth,month_of_birth,day_of_birth\n");
-    let mut period = String::from(
-        "observation_period_id,person_id,observation_period_start_date,observation_period_end_date\n",
-    );
-    let mut era = String::from(
-        "drug_era_id,person_id,drug_concept_id,drug_era_start_date,drug_era_end_date\n",
-    );
-    let mut cond = String::from(
-        "condition_occurrence_id,person_id,condition_concept_id,condition_start_date\n",
-    );
+    let mut store = CsvStore::default();
     let base = 16_436; // 2015-01-01
-    let mut k = 0;
     for p in 1..=4000i64 {
         let start = base + rng.int_range(0, 730) as i64;
         let mut end = start + 729;
@@ -49,26 +37,13 @@ fn store(tag: &str, dependent_end: bool) -> PathBuf {
             }
         }
         let era_start = start + rng.int_range(0, 700) as i64;
-        person.push_str(&format!("{p},8507,1960,1,1\n"));
-        period.push_str(&format!("{p},{p},{},{}\n", date(start), date(end)));
-        era.push_str(&format!(
-            "{p},{p},5,{},{}\n",
-            date(era_start),
-            date(era_start + 29)
-        ));
+        store.person(p, 1960, start, end);
+        store.era(p, era_start, era_start + 29);
         for e in events {
-            k += 1;
-            cond.push_str(&format!("{k},{p},7,{}\n", date(e)));
+            store.outcome(p, e);
         }
     }
-    for (f, text) in [
-        ("person.csv", person),
-        ("observation_period.csv", period),
-        ("drug_era.csv", era),
-        ("condition_occurrence.csv", cond),
-    ] {
-        std::fs::write(dir.join(f), text).unwrap();
-    }
+    store.write(&dir, &[]);
     dir
 }
 

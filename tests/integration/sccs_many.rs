@@ -57,20 +57,8 @@ async fn each_exposure_equals_its_single_pair_design() {
 // The pipeline: one unit per outcome with every exposure, negative controls, OHDSI tables.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-fn epifusion(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_epifusion"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run epifusion");
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+use crate::study::cli as epifusion;
 
 /// `sql` over one Parquet file as table `t`, CSV out.
 fn parquet_csv(path: &Path, sql: &str) -> String {
@@ -322,19 +310,7 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
 /// (negative controls drawn inside the plot, the null's region where calibrated) and the
 /// diagnostics table.
 fn chromium_sees_the_calibration(report: &Path) {
-    let Some(browser) = crate::pipeline::chromium() else {
-        return;
-    };
-    let probe = report.parent().unwrap().join("probe.html");
-    std::fs::write(
-        &probe,
-        r#"<!DOCTYPE html><html><body><iframe id="f" src="report.html" width="1400" height="6000"></iframe>
-<pre id="probe">waiting</pre>
-<script>
-document.getElementById('f').addEventListener('load', function () {
-  var out = {};
-  try {
-    var d = this.contentDocument;
+    const COLLECT: &str = r#"
     out.text = d.body.innerText;
     out.plots = Array.from(d.querySelectorAll('svg.calibration-plot')).map(function (svg) {
       var sb = svg.getBoundingClientRect();
@@ -347,37 +323,10 @@ document.getElementById('f').addEventListener('load', function () {
               interest: svg.querySelectorAll('polygon.estimate-of-interest').length};
     });
     out.diagnostics = d.querySelectorAll('table.sccs-diagnostics tbody tr').length;
-  } catch (e) { out.error = String(e); }
-  document.getElementById('probe').textContent = JSON.stringify(out);
-});
-</script></body></html>"#,
-    )
-    .unwrap();
-    let o = Command::new(&browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--allow-file-access-from-files",
-            "--virtual-time-budget=15000",
-            "--dump-dom",
-        ])
-        .arg(format!("file://{}", probe.display()))
-        .output()
-        .expect("run chromium");
-    let dom = String::from_utf8_lossy(&o.stdout);
-    let json = dom
-        .split("<pre id=\"probe\">")
-        .nth(1)
-        .and_then(|s| s.split("</pre>").next())
-        .unwrap_or_else(|| panic!("no probe output: {dom}"))
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&amp;", "&");
-    let v: serde_json::Value =
-        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
-    assert!(v.get("error").is_none(), "{v}");
+"#;
+    let Some(v) = crate::pipeline::chromium_probe(report, "probe.html", 6000, COLLECT) else {
+        return;
+    };
     let text = v["text"].as_str().unwrap();
     assert!(
         text.contains("SCCS empirical calibration") && text.contains("null mean"),
@@ -398,7 +347,6 @@ document.getElementById('f').addEventListener('load', function () {
         assert_eq!(p["interest"].as_u64().unwrap(), 1, "{p}");
     }
     assert_eq!(v["diagnostics"].as_u64().unwrap(), 14, "{v}");
-    let _ = std::fs::remove_file(&probe);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,45 +379,20 @@ fn hand_cases() -> Vec<(i64, Vec<i64>)> {
 }
 
 fn hand_store(dir: &Path) {
-    use crate::study::date;
-    std::fs::create_dir_all(dir).unwrap();
-    let mut person =
-        String::from("person_id,gender_concept_id,year_of_birth,month_of_birth,day_of_birth\n");
-    let mut period = String::from(
-        "observation_period_id,person_id,observation_period_start_date,observation_period_end_date\n",
-    );
-    let mut era = String::from(
-        "drug_era_id,person_id,drug_concept_id,drug_era_start_date,drug_era_end_date\n",
-    );
-    let mut cond = String::from(
-        "condition_occurrence_id,person_id,condition_concept_id,condition_start_date\n",
-    );
-    let mut k = 0;
+    let mut store = crate::study::CsvStore::default();
     for (p, (era_day, outcomes)) in hand_cases().into_iter().enumerate() {
-        let p = p + 1;
+        let p = p as i64 + 1;
         let e = Y2020 + era_day;
-        person.push_str(&format!("{p},8507,1960,1,1\n"));
-        period.push_str(&format!("{p},{p},{},{}\n", date(Y2020), date(Y2020 + 365)));
-        era.push_str(&format!("{p},{p},5,{},{}\n", date(e), date(e)));
+        store.person(p, 1960, Y2020, Y2020 + 365);
+        store.era(p, e, e);
         for o in outcomes {
-            k += 1;
-            cond.push_str(&format!("{k},{p},7,{}\n", date(e + o)));
+            store.outcome(p, e + o);
         }
     }
-    let concept = String::from(
-        "concept_id,concept_name,domain_id,vocabulary_id,concept_class_id,standard_concept,concept_code\n\
+    let concept = "concept_id,concept_name,domain_id,vocabulary_id,concept_class_id,standard_concept,concept_code\n\
          5,drug,Drug,RxNorm,Ingredient,S,5\n\
-         7,event,Condition,SNOMED,Clinical Finding,S,7\n",
-    );
-    for (f, text) in [
-        ("person.csv", person),
-        ("observation_period.csv", period),
-        ("drug_era.csv", era),
-        ("condition_occurrence.csv", cond),
-        ("concept.csv", concept),
-    ] {
-        std::fs::write(dir.join(f), text).unwrap();
-    }
+         7,event,Condition,SNOMED,Clinical Finding,S,7\n";
+    store.write(dir, &[("concept.csv", concept)]);
 }
 
 /// The design the pipeline runs, as SQL settings (for the engine's own diagnostics functions).

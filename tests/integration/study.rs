@@ -38,6 +38,73 @@ pub(crate) fn date(day: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// A one-drug, one-condition OMOP CSV store built person by person (drug concept 5, outcome
+/// concept 7, persons born 1 Jan of the given year).
+#[derive(Default)]
+pub(crate) struct CsvStore {
+    person: String,
+    period: String,
+    era: String,
+    cond: String,
+    outcomes: usize,
+}
+
+impl CsvStore {
+    /// Person `id` born in `birth_year`, observed from day `start` to `end`.
+    pub(crate) fn person(&mut self, id: i64, birth_year: i32, start: i64, end: i64) {
+        self.person
+            .push_str(&format!("{id},8507,{birth_year},1,1\n"));
+        self.period
+            .push_str(&format!("{id},{id},{},{}\n", date(start), date(end)));
+    }
+
+    /// A drug era of concept 5 for person `id` (era id = person id).
+    pub(crate) fn era(&mut self, id: i64, start: i64, end: i64) {
+        self.era
+            .push_str(&format!("{id},{id},5,{},{}\n", date(start), date(end)));
+    }
+
+    /// An outcome (concept 7) of person `id` on `day`.
+    pub(crate) fn outcome(&mut self, id: i64, day: i64) {
+        self.outcomes += 1;
+        self.cond
+            .push_str(&format!("{},{id},7,{}\n", self.outcomes, date(day)));
+    }
+
+    /// Write the four tables, and `extra` (file name, text), into `dir`.
+    pub(crate) fn write(self, dir: &Path, extra: &[(&str, &str)]) {
+        std::fs::create_dir_all(dir).unwrap();
+        let tables = [
+            (
+                "person.csv",
+                "person_id,gender_concept_id,year_of_birth,month_of_birth,day_of_birth",
+                self.person,
+            ),
+            (
+                "observation_period.csv",
+                "observation_period_id,person_id,observation_period_start_date,observation_period_end_date",
+                self.period,
+            ),
+            (
+                "drug_era.csv",
+                "drug_era_id,person_id,drug_concept_id,drug_era_start_date,drug_era_end_date",
+                self.era,
+            ),
+            (
+                "condition_occurrence.csv",
+                "condition_occurrence_id,person_id,condition_concept_id,condition_start_date",
+                self.cond,
+            ),
+        ];
+        for (f, header, rows) in tables {
+            std::fs::write(dir.join(f), format!("{header}\n{rows}")).unwrap();
+        }
+        for (f, text) in extra {
+            std::fs::write(dir.join(f), text).unwrap();
+        }
+    }
+}
+
 /// Write an SCCS reference file (one row per event) as an OMOP CSV store.
 pub(crate) fn sccs_store(name: &str, event_col: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -45,44 +112,17 @@ pub(crate) fn sccs_store(name: &str, event_col: &str) -> PathBuf {
         name.replace('.', "_"),
         std::process::id()
     ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut person =
-        String::from("person_id,gender_concept_id,year_of_birth,month_of_birth,day_of_birth\n");
-    let mut period = String::from(
-        "observation_period_id,person_id,observation_period_start_date,observation_period_end_date\n",
-    );
-    let mut era = String::from(
-        "drug_era_id,person_id,drug_concept_id,drug_era_start_date,drug_era_end_date\n",
-    );
-    let mut cond = String::from(
-        "condition_occurrence_id,person_id,condition_concept_id,condition_start_date\n",
-    );
+    let mut store = CsvStore::default();
     let mut seen = std::collections::BTreeSet::new();
-    for (k, r) in read_csv(name).iter().enumerate() {
+    for r in read_csv(name).iter() {
         let id = r["case"];
         if seen.insert(id) {
-            person.push_str(&format!("{id},8507,1970,1,1\n"));
-            period.push_str(&format!(
-                "{id},{id},{},{}\n",
-                date(r["sta"]),
-                date(r["end"])
-            ));
-            era.push_str(&format!(
-                "{id},{id},5,{},{}\n",
-                date(r["mmr"]),
-                date(r["mmr"])
-            ));
+            store.person(id, 1970, r["sta"], r["end"]);
+            store.era(id, r["mmr"], r["mmr"]);
         }
-        cond.push_str(&format!("{},{id},7,{}\n", k + 1, date(r[event_col])));
+        store.outcome(id, r[event_col]);
     }
-    for (f, text) in [
-        ("person.csv", person),
-        ("observation_period.csv", period),
-        ("drug_era.csv", era),
-        ("condition_occurrence.csv", cond),
-    ] {
-        std::fs::write(dir.join(f), text).unwrap();
-    }
+    store.write(&dir, &[]);
     dir
 }
 
@@ -375,7 +415,7 @@ async fn itpdat_population_options_and_attrition() {
     let _ = std::fs::remove_dir_all(&store);
 }
 
-fn cli(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_epifusion"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
