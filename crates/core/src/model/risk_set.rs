@@ -105,11 +105,7 @@ impl SortedColumn {
 
     #[inline]
     fn value(&self, i: usize) -> f64 {
-        if self.vals.is_empty() {
-            1.0
-        } else {
-            self.vals[i]
-        }
+        row_blocks::value_or_one(&self.vals, i)
     }
 }
 
@@ -2185,11 +2181,7 @@ impl SweepRows<'_> {
 
     #[inline]
     fn value(&self, e: usize) -> f64 {
-        if self.val.is_empty() {
-            1.0
-        } else {
-            self.val[e]
-        }
+        row_blocks::value_or_one(self.val, e)
     }
 }
 

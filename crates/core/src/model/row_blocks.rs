@@ -39,14 +39,20 @@ pub(crate) struct SparseCol<'a> {
     pub starts: &'a [u32],
 }
 
+/// Entry `i`'s value in a value array that is empty for a 0/1 column (every value 1).
+#[inline]
+pub(crate) fn value_or_one(vals: &[f64], i: usize) -> f64 {
+    if vals.is_empty() {
+        1.0
+    } else {
+        vals[i]
+    }
+}
+
 impl SparseCol<'_> {
     #[inline]
     fn value(&self, i: usize) -> f64 {
-        if self.vals.is_empty() {
-            1.0
-        } else {
-            self.vals[i]
-        }
+        value_or_one(self.vals, i)
     }
 
     /// The entries of row block `b`.
