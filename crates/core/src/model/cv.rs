@@ -1214,6 +1214,94 @@ mod tests {
         }
     }
 
+    /// Logistic data (the copies path): 0/1 covariates, an intercept.
+    fn logistic_data(n: usize, seed: u64) -> DesignMatrix {
+        use crate::model::design::{DesignBuilder, OutcomeRecord};
+        let mut rng = Rng::new(seed);
+        let mut b = DesignBuilder::new();
+        for i in 0..n {
+            let x: Vec<bool> = (0..8).map(|_| rng.bernoulli(0.3)).collect();
+            let eta: f64 = -0.4 + if x[0] { 0.9 } else { 0.0 } - if x[1] { 0.7 } else { 0.0 };
+            b.push_outcome(OutcomeRecord {
+                row_id: i as i64,
+                y: f64::from(rng.bernoulli(1.0 / (1.0 + (-eta).exp()))),
+                ..Default::default()
+            });
+            for (c, &on) in x.iter().enumerate() {
+                if on {
+                    b.push_covariate(i as i64, c as i64 + 1, 1.0);
+                }
+            }
+        }
+        b.build().unwrap().with_intercept()
+    }
+
+    /// The copies path builds each fold's likelihoods when it is fitted and drops them: the
+    /// result does not depend on the thread count, and the first candidate's held-out
+    /// log-likelihoods are those of fits from zero on copies of each fold's rows made here.
+    #[test]
+    fn rebuilt_fold_copies_are_thread_independent_and_exact() {
+        let x = logistic_data(300, 5);
+        let problem = Problem {
+            design: &x,
+            kind: ModelKind::Logistic,
+            lik: LikelihoodOptions::default(),
+            exclude: &[],
+            ccd: CcdOptions::fit_default(),
+            fixed: Vec::new(),
+        };
+        let opts = CvOptions {
+            folds: 5,
+            repetitions: 2,
+            seed: 3,
+            ..CvOptions::default()
+        };
+        let prior = Prior::Laplace { lambda: 1.0 };
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| without_seconds(cross_validate(&problem, prior, &opts).unwrap()))
+        };
+        let one = run(1);
+        assert_eq!(one, run(2), "2 threads");
+        assert_eq!(one, run(3), "3 threads");
+        assert_eq!(one.fits % 10, 0);
+        let first = one.curve.iter().find(|c| c.step == 0).unwrap();
+        assert_eq!(first.folds.len(), 10);
+        let (unit_of_row, n_units) = problem.units(Resampling::Row);
+        let assignment = assign_folds(n_units, 5, 2, 3);
+        let priors = problem.priors(prior.with_variance(first.variance));
+        let p = problem.coefficient_ids().len();
+        for r in 0..2 {
+            for f in 0..5u32 {
+                let rows = |test: bool| -> Vec<u32> {
+                    (0..x.n_rows() as u32)
+                        .filter(|&i| (assignment[r][unit_of_row[i as usize] as usize] == f) == test)
+                        .collect()
+                };
+                let mut train = problem.likelihood_on(&rows(false), None).unwrap();
+                let beta = fit_fold(
+                    &problem,
+                    &priors,
+                    first.variance,
+                    "t",
+                    train.as_mut(),
+                    &vec![0.0; p],
+                )
+                .unwrap();
+                let mut test = problem.likelihood_on(&rows(true), None).unwrap();
+                let ll = held_out("t", first.variance, test.as_mut(), &beta).unwrap();
+                assert_eq!(
+                    ll,
+                    first.folds[r * 5 + f as usize],
+                    "repetition {r}, fold {f}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn stream_seeds_differ() {
         assert_ne!(stream_seed(1, 0), stream_seed(1, 1));
