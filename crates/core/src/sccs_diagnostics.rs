@@ -407,9 +407,13 @@ pub struct TimeStability {
     pub stable: bool,
 }
 
-/// `ln P(O = o)` for O ~ Poisson(λ).
-fn log_dpois(o: u64, lambda: f64) -> f64 {
-    let log_fact: f64 = (2..=o).map(|k| (k as f64).ln()).sum();
+/// ln o! as Σ_{k=2}^{o} ln k (in that order).
+fn log_factorial(o: u64) -> f64 {
+    (2..=o).map(|k| (k as f64).ln()).sum()
+}
+
+/// `ln P(O = o)` for O ~ Poisson(λ), given `log_fact` = [`log_factorial`]`(o)`.
+fn log_dpois(o: u64, lambda: f64, log_fact: f64) -> f64 {
     if lambda == 0.0 {
         return if o == 0 { 0.0 } else { f64::NEG_INFINITY };
     }
@@ -432,8 +436,47 @@ pub fn time_stability_log_likelihood(observed: &[u64], expected: &[f64], x: f64)
     observed
         .iter()
         .zip(expected)
-        .map(|(&o, &e)| smooth_max(log_dpois(o, e * x), log_dpois(o, e / x)))
+        .map(|(&o, &e)| {
+            let lf = log_factorial(o);
+            smooth_max(log_dpois(o, e * x, lf), log_dpois(o, e / x, lf))
+        })
         .sum()
+}
+
+/// The months of [`time_stability`] with what does not depend on the ratio precomputed (the
+/// same log-likelihood as [`time_stability_log_likelihood`] to rounding), so
+/// that the log-likelihood at x costs one `ln x` and, per month, one `exp` and one `ln`:
+/// ln dpois(o, e x^±1) = o ln e − ln o! ± o ln x − e x^±1.
+struct StabilityMonths {
+    /// (o, e, o ln e − ln o!) per month with e > 0.
+    months: Vec<(f64, f64, f64)>,
+    /// The contribution of the months with e = 0 (0, or −∞ when one has an outcome).
+    zero: f64,
+}
+
+impl StabilityMonths {
+    fn new(observed: &[u64], expected: &[f64]) -> Self {
+        let mut months = Vec::with_capacity(observed.len());
+        let mut zero = 0.0;
+        for (&o, &e) in observed.iter().zip(expected) {
+            let lf = log_factorial(o);
+            if e == 0.0 {
+                zero += smooth_max(log_dpois(o, 0.0, lf), log_dpois(o, 0.0, lf));
+            } else {
+                months.push((o as f64, e, o as f64 * e.ln() - lf));
+            }
+        }
+        StabilityMonths { months, zero }
+    }
+
+    fn log_likelihood(&self, x: f64) -> f64 {
+        let (ln_x, inv) = (x.ln(), 1.0 / x);
+        self.months.iter().fold(self.zero, |acc, &(o, e, c)| {
+            let up = c + o * ln_x - e * x;
+            let down = c - o * ln_x - e * inv;
+            acc + smooth_max(up, down)
+        })
+    }
 }
 
 /// Adaptive Simpson of `f` on [a, b].
@@ -506,7 +549,8 @@ pub fn time_stability(
         };
     }
     let (o, e) = (&observed[..n], &expected[..n]);
-    let ll = |x: f64| time_stability_log_likelihood(o, e, x);
+    let months = StabilityMonths::new(o, e);
+    let ll = |x: f64| months.log_likelihood(x);
     // The ratio: grid on [1, 10], then golden section around the best grid point.
     let mut best = (1.0, ll(1.0));
     for i in 1..=9000 {
@@ -865,6 +909,49 @@ mod tests {
         let got = srl1_power(b, 1.959964, 0.5, 100.0, 0.025);
         assert!((got - expect).abs() < 1e-12);
         assert!((a - 0.113_266).abs() < 1e-6);
+    }
+
+    #[test]
+    fn log_dpois_is_the_poisson_log_mass() {
+        assert_eq!(log_factorial(0), 0.0);
+        assert_eq!(log_factorial(1), 0.0);
+        assert!((log_factorial(10) - 3_628_800f64.ln()).abs() < 1e-12);
+        for (o, lambda) in [(0u64, 2.5f64), (1, 0.3), (4, 2.5), (12, 7.0)] {
+            let fact: f64 = (1..=o).map(|k| k as f64).product();
+            let direct = ((-lambda).exp() * lambda.powi(o as i32) / fact).ln();
+            let got = log_dpois(o, lambda, log_factorial(o));
+            assert!(
+                (got - direct).abs() < 1e-12,
+                "{o} {lambda}: {got} vs {direct}"
+            );
+        }
+        assert_eq!(log_dpois(0, 0.0, 0.0), 0.0);
+        assert_eq!(log_dpois(3, 0.0, log_factorial(3)), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn precomputed_months_give_the_stability_log_likelihood() {
+        let o = [0u64, 3, 17, 1, 250, 9];
+        let e = [0.4, 2.2, 12.5, 3.0, 231.0, 9.0];
+        let months = StabilityMonths::new(&o, &e);
+        for x in [1.0, 1.001, 1.37, 2.5, 9.99, 55.0, 1e4] {
+            let want = time_stability_log_likelihood(&o, &e, x);
+            let got = months.log_likelihood(x);
+            assert!(
+                (got - want).abs() <= 1e-10 * want.abs().max(1.0),
+                "{x}: {got} vs {want}"
+            );
+        }
+        // A month expected to have none: −∞ when it has an outcome, nothing when it has none.
+        let m = StabilityMonths::new(&[2, 0], &[0.0, 0.0]);
+        assert_eq!(m.log_likelihood(1.5), f64::NEG_INFINITY);
+        assert_eq!(
+            m.log_likelihood(1.5),
+            time_stability_log_likelihood(&[2, 0], &[0.0, 0.0], 1.5)
+        );
+        let m = StabilityMonths::new(&[0, 4], &[0.0, 2.0]);
+        let want = time_stability_log_likelihood(&[0, 4], &[0.0, 2.0], 1.5);
+        assert!((m.log_likelihood(1.5) - want).abs() < 1e-12);
     }
 
     #[test]
