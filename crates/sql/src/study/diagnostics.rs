@@ -656,12 +656,20 @@ pub fn month_counts(
     cases: &SccsCases,
     coefficients: Option<&HashMap<i64, f64>>,
 ) -> Vec<MonthCount> {
-    let months = case_months(cases);
+    counts_of(&case_months(cases), cases, coefficients)
+}
+
+/// [`month_counts`] of the cases' months `months`.
+fn counts_of(
+    months: &[CaseMonths],
+    cases: &SccsCases,
+    coefficients: Option<&HashMap<i64, f64>>,
+) -> Vec<MonthCount> {
     let Some(coefs) = coefficients else {
-        return outcome_rate_per_month(&months, None);
+        return outcome_rate_per_month(months, None);
     };
     let plan = &cases.plan;
-    let month_rr = |month: i64| -> f64 {
+    let rr_of = |month: i64| -> f64 {
         let day = super::days_from_civil(month.div_euclid(12), month.rem_euclid(12) + 1, 1);
         plan.season_calendar_covariates(day)
             .iter()
@@ -669,7 +677,17 @@ pub fn month_counts(
             .sum::<f64>()
             .exp()
     };
-    outcome_rate_per_month(&months, Some(&month_rr))
+    // Each month's ratio once (it is asked for every month of every case).
+    let first = months.iter().map(|c| c.start_month).min().unwrap_or(0);
+    let last = months.iter().map(|c| c.end_month).max().unwrap_or(-1);
+    let table: Vec<f64> = (first..=last).map(rr_of).collect();
+    let month_rr = |month: i64| -> f64 {
+        usize::try_from(month - first)
+            .ok()
+            .and_then(|i| table.get(i).copied())
+            .unwrap_or_else(|| rr_of(month))
+    };
+    outcome_rate_per_month(months, Some(&month_rr))
 }
 
 /// One calendar month of the time trend (the OHDSI results model's `sccs_time_trend`).
@@ -697,9 +715,13 @@ pub fn time_trend(
     max_ratio: f64,
     alpha: f64,
 ) -> (Vec<TrendMonth>, TimeStability) {
-    let plain = month_counts(cases, None);
+    let case_months = case_months(cases);
+    let plain = counts_of(&case_months, cases, None);
     let adjusted = match coefficients {
-        Some(c) => month_counts(cases, Some(c)),
+        // Without splines every ratio is 1 and the adjusted counts are the plain ones, bit
+        // for bit (each correction is Σw·1/Σw = 1 exactly).
+        Some(c) if cases.plan.has_time_splines() => counts_of(&case_months, cases, Some(c)),
+        Some(_) => plain.clone(),
         None => plain.clone(),
     };
     let months: Vec<TrendMonth> = plain

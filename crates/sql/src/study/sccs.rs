@@ -692,6 +692,12 @@ impl IntervalPlan {
         out
     }
 
+    /// Whether the design has season or calendar-time splines (without them every month's
+    /// rate ratio of [`IntervalPlan::season_calendar_covariates`] is 1).
+    pub(crate) fn has_time_splines(&self) -> bool {
+        self.season.is_some() || self.calendar.is_some()
+    }
+
     fn has_splines(&self) -> bool {
         self.age.is_some() || self.season.is_some() || self.calendar.is_some()
     }
