@@ -1274,11 +1274,12 @@ mod tests {
         let assignment = assign_folds(n_units, 5, 2, 3);
         let priors = problem.priors(prior.with_variance(first.variance));
         let p = problem.coefficient_ids().len();
-        for r in 0..2 {
+        assert_eq!(assignment.len(), 2);
+        for (r, fold_of) in assignment.iter().enumerate() {
             for f in 0..5u32 {
                 let rows = |test: bool| -> Vec<u32> {
                     (0..x.n_rows() as u32)
-                        .filter(|&i| (assignment[r][unit_of_row[i as usize] as usize] == f) == test)
+                        .filter(|&i| (fold_of[unit_of_row[i as usize] as usize] == f) == test)
                         .collect()
                 };
                 let mut train = problem.likelihood_on(&rows(false), None).unwrap();
