@@ -22,6 +22,9 @@
 //! compiled code not read) and whether the v6 comparisons against the thresholds are strict.
 #![allow(clippy::doc_markdown)]
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
 use serde::Deserialize;
 
 use crate::calibration::{normal_cdf, normal_quantile};
@@ -615,6 +618,62 @@ pub fn time_stability(
     }
 }
 
+/// The key of one [`time_stability`] call: its inputs, the floats by their bits.
+type StabilityKey = (Vec<u64>, Vec<u64>, u64, u64);
+
+/// [`time_stability`] remembered by its inputs, for the pairs of one many-pairs unit: the
+/// exposures of one outcome share its cases, so without season or calendar-time splines their
+/// observed and expected monthly counts are the same and the test (≈ 10,000 likelihood
+/// evaluations) runs once for all of them. A hit returns the result of the identical call, so
+/// results are bit for bit those of [`time_stability`]. Threads asking for the same inputs at
+/// once wait for the first one's result instead of computing it again.
+#[derive(Debug, Default)]
+pub struct TimeStabilityMemo {
+    results: std::sync::Mutex<HashMap<StabilityKey, Arc<OnceLock<TimeStability>>>>,
+}
+
+impl TimeStabilityMemo {
+    /// An empty memo.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// [`time_stability`]`(observed, expected, max_ratio, alpha)`, computed once per distinct
+    /// input.
+    pub fn time_stability(
+        &self,
+        observed: &[u64],
+        expected: &[f64],
+        max_ratio: f64,
+        alpha: f64,
+    ) -> TimeStability {
+        let key = (
+            observed.to_vec(),
+            expected.iter().map(|e| e.to_bits()).collect(),
+            max_ratio.to_bits(),
+            alpha.to_bits(),
+        );
+        let cell = {
+            // A poisoned lock only means another thread panicked while holding it; the map
+            // itself is still whole (entries are inserted in one step).
+            let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+            results.entry(key).or_default().clone()
+        };
+        cell.get_or_init(|| time_stability(observed, expected, max_ratio, alpha))
+            .clone()
+    }
+
+    /// Distinct inputs seen so far.
+    pub fn len(&self) -> usize {
+        self.results.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether nothing was asked yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// `P(χ²₁ > x)` (R `pchisq(x, 1, lower.tail = FALSE)`): 1 for x ≤ 0, 0 for +∞.
 pub fn chi2_1_upper(x: f64) -> f64 {
     if x.is_nan() {
@@ -994,6 +1053,40 @@ mod tests {
         };
         let (l0, l1) = (trap(&xs_l0), trap(&xs_l1));
         chi2_1_upper(2.0 * (l1.ln() - l0.ln()))
+    }
+
+    #[test]
+    fn stability_memo_returns_the_direct_result_once_per_input() {
+        let memo = TimeStabilityMemo::new();
+        assert!(memo.is_empty());
+        let a = (vec![30u64, 3, 30, 3], vec![10.0, 10.0, 10.0, 10.0]);
+        let b = (vec![5u64, 6, 5, 6], vec![5.0, 6.0, 5.0, 6.0]);
+        // Eight threads ask for the same two inputs (with two thresholds) at once.
+        let got: Vec<TimeStability> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|t| {
+                    let (memo, a, b) = (&memo, &a, &b);
+                    s.spawn(move || {
+                        let (o, e) = if t % 2 == 0 { a } else { b };
+                        memo.time_stability(o, e, if t < 4 { 1.1 } else { 1.25 }, 0.05)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (t, g) in got.iter().enumerate() {
+            let (o, e) = if t % 2 == 0 { &a } else { &b };
+            let want = time_stability(o, e, if t < 4 { 1.1 } else { 1.25 }, 0.05);
+            assert_eq!(g.ratio.map(f64::to_bits), want.ratio.map(f64::to_bits));
+            assert_eq!(g.p.to_bits(), want.p.to_bits());
+            assert_eq!(g.stable, want.stable);
+        }
+        assert_eq!(memo.len(), 4);
+        // An expected count differing in the last bit is another input.
+        let mut e = a.1.clone();
+        e[0] = f64::from_bits(e[0].to_bits() + 1);
+        memo.time_stability(&a.0, &e, 1.1, 0.05);
+        assert_eq!(memo.len(), 5);
     }
 
     #[test]

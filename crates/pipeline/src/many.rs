@@ -34,6 +34,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{Result as DfResult, ScalarValue};
 use datafusion::prelude::SessionContext;
 use epifusion_core::model::ModelKind;
+use epifusion_core::sccs_diagnostics::TimeStabilityMemo;
 use epifusion_sql::study::{self, SccsDesign};
 use toml::Spanned;
 
@@ -223,31 +224,36 @@ pub(crate) async fn outcome_stage(
     // Each fit registers its tables in a session of its own, so the fits can run at once.
     // After a pair's fit: its likelihood profiles (a second fit) and its time-based
     // diagnostics (on a blocking thread), for the OHDSI results tables.
+    // The exposures share the outcome's cases: without time splines their time-stability
+    // tests are one computation (remembered here; results identical to computing each).
+    let stability_memo = Arc::new(TimeStabilityMemo::new());
     let fits = futures::future::join_all(pairs.iter().zip(&tables).zip(&exposure_cases).map(
-        |((p, t), cases)| async move {
-            let t_fit = Instant::now();
-            let r = fit(&SessionContext::new(), p, t).await;
-            let seconds = t_fit.elapsed().as_secs_f64();
-            let (profile, series) = match &r {
-                Ok(f) => {
-                    let profile = sccs_series::likelihood_profile(p, t).await;
-                    let coefficients = sccs_series::coefficients(&f.estimates);
-                    let cases = cases.clone();
-                    let series =
-                        match coefficients {
+        |((p, t), cases)| {
+            let memo = stability_memo.clone();
+            async move {
+                let t_fit = Instant::now();
+                let r = fit(&SessionContext::new(), p, t).await;
+                let seconds = t_fit.elapsed().as_secs_f64();
+                let (profile, series) = match &r {
+                    Ok(f) => {
+                        let profile = sccs_series::likelihood_profile(p, t).await;
+                        let coefficients = sccs_series::coefficients(&f.estimates);
+                        let cases = cases.clone();
+                        let series = match coefficients {
                             Ok(c) => datafusion::common::runtime::SpawnedTask::spawn_blocking(
-                                move || sccs_series::pair_series(&cases, &c),
+                                move || sccs_series::pair_series(&cases, &c, &memo),
                             )
                             .join()
                             .await
                             .ok(),
                             Err(_) => None,
                         };
-                    (profile, series)
-                }
-                Err(_) => (Ok(None), None),
-            };
-            (r, seconds, profile, series)
+                        (profile, series)
+                    }
+                    Err(_) => (Ok(None), None),
+                };
+                (r, seconds, profile, series)
+            }
         },
     ))
     .await;

@@ -63,7 +63,7 @@ use epifusion_core::model::ModelKind;
 use epifusion_core::sccs_diagnostics::{
     ci_intersects, classify_ease, classify_mdrr, classify_rare_outcome, mdrr,
     outcome_rate_per_month, time_stability, CaseMonths, DiagnosticThresholds, MonthCount,
-    PreExposureCase, Status, TimeStability,
+    PreExposureCase, Status, TimeStability, TimeStabilityMemo,
 };
 
 use super::functions::StudyTable;
@@ -425,11 +425,8 @@ async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<
                 .collect()
         })
         .unwrap_or_default();
-    let adjusted = d.season_spline.is_some() || d.calendar_spline.is_some();
-    let months = month_counts(
-        &cases,
-        adjusted.then_some(&coefs).filter(|_| fit_ref.is_some()),
-    );
+    let adjusted = cases.plan.has_time_splines();
+    let months = month_counts(&cases, fit_ref.map(|_| &coefs));
     let observed: Vec<u64> = months.iter().map(|m| m.observed).collect();
     let expected: Vec<f64> = months.iter().map(|m| m.expected).collect();
     let stability = time_stability(
@@ -659,13 +656,23 @@ pub fn month_counts(
     counts_of(&case_months(cases), cases, coefficients)
 }
 
+/// The coefficients that adjust the expected counts: `coefficients` when the design has season
+/// or calendar-time splines, none otherwise (every month's rate ratio is then 1, and the
+/// adjusted counts are the plain ones bit for bit: each correction is Σw·1/Σw = 1 exactly).
+fn spline_coefficients<'a>(
+    cases: &SccsCases,
+    coefficients: Option<&'a HashMap<i64, f64>>,
+) -> Option<&'a HashMap<i64, f64>> {
+    coefficients.filter(|_| cases.plan.has_time_splines())
+}
+
 /// [`month_counts`] of the cases' months `months`.
 fn counts_of(
     months: &[CaseMonths],
     cases: &SccsCases,
     coefficients: Option<&HashMap<i64, f64>>,
 ) -> Vec<MonthCount> {
-    let Some(coefs) = coefficients else {
+    let Some(coefs) = spline_coefficients(cases, coefficients) else {
         return outcome_rate_per_month(months, None);
     };
     let plan = &cases.plan;
@@ -708,20 +715,19 @@ pub struct TrendMonth {
 
 /// The time trend of R `computeOutcomeRatePerMonth(studyPopulation, sccsModel)` (months with
 /// at least one outcome) and its stability test (R `computeTimeStability` with `max_ratio`:
-/// the adjusted expected counts against the observed).
+/// the adjusted expected counts against the observed). With `memo`, the test is looked up
+/// there (the pairs of one outcome without time splines share it; results are identical).
 pub fn time_trend(
     cases: &SccsCases,
     coefficients: Option<&HashMap<i64, f64>>,
     max_ratio: f64,
     alpha: f64,
+    memo: Option<&TimeStabilityMemo>,
 ) -> (Vec<TrendMonth>, TimeStability) {
     let case_months = case_months(cases);
     let plain = counts_of(&case_months, cases, None);
-    let adjusted = match coefficients {
-        // Without splines every ratio is 1 and the adjusted counts are the plain ones, bit
-        // for bit (each correction is Σw·1/Σw = 1 exactly).
-        Some(c) if cases.plan.has_time_splines() => counts_of(&case_months, cases, Some(c)),
-        Some(_) => plain.clone(),
+    let adjusted = match spline_coefficients(cases, coefficients) {
+        Some(c) => counts_of(&case_months, cases, Some(c)),
         None => plain.clone(),
     };
     let months: Vec<TrendMonth> = plain
@@ -737,7 +743,10 @@ pub fn time_trend(
         .collect();
     let observed: Vec<u64> = adjusted.iter().map(|m| m.observed).collect();
     let expected: Vec<f64> = adjusted.iter().map(|m| m.expected).collect();
-    let stability = time_stability(&observed, &expected, max_ratio, alpha);
+    let stability = match memo {
+        Some(m) => m.time_stability(&observed, &expected, max_ratio, alpha),
+        None => time_stability(&observed, &expected, max_ratio, alpha),
+    };
     (months, stability)
 }
 
