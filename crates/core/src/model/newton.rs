@@ -80,6 +80,8 @@ pub(crate) struct Newton {
     factor: Option<(Vec<usize>, Vec<f64>)>,
     /// The latest fresh approximate information and its (sorted) columns: after a short step
     /// that set coefficients to zero, the next step uses its rows and columns of the rest.
+    /// Kept as its lower triangle, row by row ([`pack_lower`]; the matrices are exactly
+    /// symmetric, and one that is not is not kept): half the memory of the full matrix.
     matrix: Option<(Vec<usize>, Vec<f64>)>,
 }
 
@@ -160,16 +162,23 @@ impl Newton {
                     Some((delta, dec2, None))
                 }
                 Source::Submatrix => {
+                    // This step's factor replaces the previous one: drop that first (one k × k
+                    // matrix less at the peak; when the new one cannot be formed the step falls
+                    // back to the exact information, which keeps no factor either).
+                    self.factor = None;
                     let h = sub.take().expect("submatrix");
                     self.direction(priors, cols, &at, &mut g.clone(), h)
                 }
                 Source::Approximate | Source::Exact => {
                     let approx = if source == Source::Approximate {
+                        self.factor = None;
                         let h = lik.approximate_information(cols);
                         let mut sorted = cols.to_vec();
                         sorted.sort_unstable();
                         self.matrix = match &h {
-                            Some(h) if sorted == cols => Some((sorted, h.clone())),
+                            Some(h) if sorted == cols => {
+                                pack_lower(h, cols.len()).map(|packed| (sorted, packed))
+                            }
                             _ => None,
                         };
                         h
@@ -247,7 +256,7 @@ impl Newton {
     ) -> Option<(Vec<f64>, f64, Option<Vec<f64>>)> {
         let k = cols.len();
         prior_terms(priors, cols, at, g, Some(&mut h));
-        let l = factor(&h, k)?;
+        let l = factor_owned(h, k)?;
         let delta = cholesky_solve(&l, k, g);
         let dec2 = dot(g, &delta).max(0.0);
         Some((delta, dec2, Some(l)))
@@ -306,9 +315,24 @@ enum Source {
     Exact,
 }
 
-/// The rows and columns `cols` of `h` (over the sorted columns `of`), when `cols` ⊆ `of`.
-fn submatrix(of: &[usize], h: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
-    let n = of.len();
+/// The lower triangle of the symmetric `k × k` matrix `h`, row by row (entry (a, b), b ≤ a, at
+/// a(a + 1)/2 + b); `None` when `h` is not exactly symmetric.
+fn pack_lower(h: &[f64], k: usize) -> Option<Vec<f64>> {
+    let mut out = Vec::with_capacity(k * (k + 1) / 2);
+    for a in 0..k {
+        for b in 0..=a {
+            if h[a * k + b].to_bits() != h[b * k + a].to_bits() {
+                return None;
+            }
+            out.push(h[a * k + b]);
+        }
+    }
+    Some(out)
+}
+
+/// The rows and columns `cols` (full, row-major) of the symmetric matrix whose lower triangle
+/// is `packed` ([`pack_lower`], over the sorted columns `of`), when `cols` ⊆ `of`.
+fn submatrix(of: &[usize], packed: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     let idx: Vec<usize> = cols
         .iter()
         .map(|j| of.binary_search(j).ok())
@@ -316,7 +340,8 @@ fn submatrix(of: &[usize], h: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     let mut out = Vec::with_capacity(cols.len() * cols.len());
     for &a in &idx {
         for &b in &idx {
-            out.push(h[a * n + b]);
+            let (hi, lo) = (a.max(b), a.min(b));
+            out.push(packed[hi * (hi + 1) / 2 + lo]);
         }
     }
     Some(out)
@@ -409,6 +434,34 @@ pub(crate) fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
     if let Some(l) = cholesky(a, k) {
         return Some(l);
     }
+    regularized_factor(a, k)
+}
+
+/// [`factor`] of `a`, reusing its storage for the factor when `a` is exactly symmetric (the
+/// upper triangle then restores the lower one if `a` is not positive definite): one k × k
+/// matrix at a time instead of two. The same factor, bit for bit.
+pub(crate) fn factor_owned(mut a: Vec<f64>, k: usize) -> Option<Vec<f64>> {
+    let symmetric =
+        (0..k).all(|i| (0..i).all(|j| a[i * k + j].to_bits() == a[j * k + i].to_bits()));
+    if !symmetric {
+        return factor(&a, k);
+    }
+    let diagonal: Vec<f64> = (0..k).map(|i| a[i * k + i]).collect();
+    if cholesky_in_place(&mut a, k) {
+        clear_upper(&mut a, k);
+        return Some(a);
+    }
+    for i in 0..k {
+        for j in 0..i {
+            a[i * k + j] = a[j * k + i];
+        }
+        a[i * k + i] = diagonal[i];
+    }
+    regularized_factor(&a, k)
+}
+
+/// The Levenberg–Marquardt part of [`factor`].
+fn regularized_factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
     let scale = (0..k)
         .map(|i| a[i * k + i].abs())
         .fold(0.0, f64::max)
@@ -428,11 +481,31 @@ pub(crate) fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
 }
 
 /// Lower Cholesky factor L (row-major) with a = L Lᵀ, or `None` when `a` is not positive
-/// definite.
+/// definite. Only the lower triangle of `a` is read.
 pub(crate) fn cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
-    let mut l = vec![0.0; k * k];
+    let mut l = a.to_vec();
+    if !cholesky_in_place(&mut l, k) {
+        return None;
+    }
+    clear_upper(&mut l, k);
+    Some(l)
+}
+
+/// Zero the entries above the diagonal.
+fn clear_upper(m: &mut [f64], k: usize) {
     for i in 0..k {
-        let (done, rest) = l.split_at_mut(i * k);
+        m[i * k + i + 1..(i + 1) * k].fill(0.0);
+    }
+}
+
+/// Overwrite the lower triangle (with the diagonal) of `m` by the Cholesky factor of the
+/// matrix whose lower triangle it holds; false when that matrix is not positive definite
+/// (`m`'s lower triangle is then partly overwritten). The upper triangle is neither read nor
+/// written. Each entry a_ij is read just before L_ij takes its place, and L_ij depends only on
+/// a_ij and the entries of L left of it in rows i and j, all already computed.
+fn cholesky_in_place(m: &mut [f64], k: usize) -> bool {
+    for i in 0..k {
+        let (done, rest) = m.split_at_mut(i * k);
         let li = &mut rest[..k];
         let mut j = 0;
         // Four entries at a time (j a multiple of 4, all left of the diagonal): their dot
@@ -447,20 +520,19 @@ pub(crate) fn cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
                 for m in j..jt {
                     s += li[m] * done[jt * k + m];
                 }
-                li[jt] = (a[i * k + jt] - s) / done[jt * k + jt];
+                li[jt] = (li[jt] - s) / done[jt * k + jt];
             }
             j += 4;
         }
         for j in j..=i {
-            let lj = if j == i {
-                &li[..j]
+            let s = if j == i {
+                li[i] - dot4(&li[..j], &li[..j])
             } else {
-                &done[j * k..j * k + j]
+                li[j] - dot4(&li[..j], &done[j * k..j * k + j])
             };
-            let s = a[i * k + j] - dot4(&li[..j], lj);
             if i == j {
                 if !(s > 0.0 && s.is_finite()) {
-                    return None;
+                    return false;
                 }
                 li[i] = s.sqrt();
             } else {
@@ -468,7 +540,7 @@ pub(crate) fn cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
             }
         }
     }
-    Some(l)
+    true
 }
 
 /// The four partial sums of `dot4` (over whole chunks of 4; `x.len()` a multiple of 4) of `x`
@@ -577,6 +649,82 @@ mod tests {
             a[(k - 1) * k + k - 1] = -1.0;
             assert!(cholesky(&a, k).is_none() && plain(&a, k).is_none());
         }
+    }
+
+    /// Factoring in place gives [`factor`]'s bits: positive definite, regularized (the lower
+    /// triangle restored from the upper one) and not symmetric (factored from a copy).
+    #[test]
+    fn owned_factor_is_the_factor() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut unif = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for k in [1, 2, 5, 9, 31, 70] {
+            // Rank ≤ k/2 + 1 Gram matrices (singular for k > 2) and full-rank ones.
+            for rank in [k / 2 + 1, k + 3] {
+                let b: Vec<f64> = (0..k * rank).map(|_| unif()).collect();
+                let mut a = vec![0.0; k * k];
+                for i in 0..k {
+                    for j in 0..=i {
+                        let v = (0..rank).map(|m| b[i * rank + m] * b[j * rank + m]).sum();
+                        a[i * k + j] = v;
+                        a[j * k + i] = v;
+                    }
+                }
+                let want = factor(&a, k).map(|l| bits(&l));
+                assert_eq!(
+                    factor_owned(a.clone(), k).map(|l| bits(&l)),
+                    want,
+                    "k {k} rank {rank}"
+                );
+                if k > 1 {
+                    // Not symmetric: an upper entry that the factor must not read.
+                    a[1] += 1.0;
+                    let want = factor(&a, k).map(|l| bits(&l));
+                    assert_eq!(
+                        factor_owned(a, k).map(|l| bits(&l)),
+                        want,
+                        "k {k} rank {rank}"
+                    );
+                }
+            }
+        }
+        // Indefinite beyond any regularization: none, as `factor`.
+        let a = vec![1.0, 100.0, 100.0, 1.0];
+        assert!(factor(&a, 2).is_none() && factor_owned(a, 2).is_none());
+    }
+
+    /// A submatrix of the packed lower triangle is that of the full symmetric matrix; a matrix
+    /// that is not symmetric is not packed.
+    #[test]
+    fn packed_submatrix_is_the_full_one() {
+        let k = 7;
+        let mut h = vec![0.0; k * k];
+        for a in 0..k {
+            for b in 0..=a {
+                let v = (a * 10 + b) as f64 + 0.25;
+                h[a * k + b] = v;
+                h[b * k + a] = v;
+            }
+        }
+        let of = [2, 3, 5, 8, 13, 21, 34];
+        let packed = pack_lower(&h, k).unwrap();
+        assert_eq!(packed.len(), k * (k + 1) / 2);
+        let cols = [21, 3, 13, 2];
+        let got = submatrix(&of, &packed, &cols).unwrap();
+        let idx = [5, 1, 4, 0];
+        for (r, &a) in idx.iter().enumerate() {
+            for (c, &b) in idx.iter().enumerate() {
+                assert_eq!(got[r * 4 + c], h[a * k + b]);
+            }
+        }
+        assert!(submatrix(&of, &packed, &[3, 4]).is_none());
+        h[k] += 1.0;
+        assert!(pack_lower(&h, k).is_none());
     }
 
     #[test]
