@@ -58,7 +58,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::design::{ColumnFormat, ColumnSource, DesignMatrix};
-use super::row_blocks::{self, SparseCol};
+use super::row_blocks::{self, SparseCol, ROW_MAJOR_MAX_COLS};
 use super::Ties;
 use crate::error::{Error, Result};
 
@@ -1460,7 +1460,7 @@ impl RiskSetModel {
     /// 32 columns from dense per-group sums (`information_dense`), above
     /// that by the sparse sweep of `information_sweep` (O(N + nnz·k) instead of O((N + G)·k²)).
     pub fn information(&mut self, cols: &[usize]) -> Vec<f64> {
-        if cols.len() >= SWEEP_MIN_COLS {
+        if (SWEEP_MIN_COLS..=ROW_MAJOR_MAX_COLS).contains(&cols.len()) {
             self.information_sweep(cols)
         } else {
             self.information_dense(cols)
@@ -1470,7 +1470,9 @@ impl RiskSetModel {
     /// The Newton matrix of the active-set polish ([`crate::model::Likelihood`]): the
     /// segment bound of `information_segments` from 33 columns on.
     pub fn approximate_information(&mut self, cols: &[usize]) -> Option<Vec<f64>> {
-        (cols.len() >= SWEEP_MIN_COLS).then(|| self.information_segments(cols))
+        (SWEEP_MIN_COLS..=ROW_MAJOR_MAX_COLS)
+            .contains(&cols.len())
+            .then(|| self.information_segments(cols))
     }
 
     /// ∂LL/∂β_j for every j in `cols` (the first half of [`RiskSetModel::gradient_hessian`],
@@ -1752,7 +1754,7 @@ impl RiskSetModel {
                             // must not mark its columns twice.)
                             if efron && self.event[i] && we != 0.0 {
                                 for e in lo..hi {
-                                    let a = rows.col[e];
+                                    let a = u32::from(rows.col[e]);
                                     if e1[a as usize] == 0.0 {
                                         e1_touched.push(a);
                                     }
@@ -1856,7 +1858,7 @@ impl RiskSetModel {
         let pairs = |m: &mut [f64], i: usize, coef: f64| {
             let (lo, hi) = rows.range(i);
             for e in lo..hi {
-                let a = rows.col[e];
+                let a = u32::from(rows.col[e]);
                 if !owned(a) {
                     continue;
                 }
@@ -1939,7 +1941,7 @@ impl RiskSetModel {
                         let dense: &[f64] = if fg { &tmp } else { &f };
                         let scale = if fg { 1.0 } else { c1 };
                         for e in lo..hi {
-                            let a = rows.col[e];
+                            let a = u32::from(rows.col[e]);
                             if owned(a) {
                                 axpy(&mut m, a, scale * we * rows.value(e), dense);
                             }
@@ -1952,7 +1954,7 @@ impl RiskSetModel {
                         // not mark its columns twice.)
                         if efron && self.event[i] && we != 0.0 {
                             for e in lo..hi {
-                                let a = rows.col[e];
+                                let a = u32::from(rows.col[e]);
                                 if e1[a as usize] == 0.0 {
                                     e1_touched.push(a);
                                 }
@@ -1969,7 +1971,7 @@ impl RiskSetModel {
                     let we = -self.info[row].we;
                     let (lo, hi) = rows.range(row);
                     for e in lo..hi {
-                        let a = rows.col[e];
+                        let a = u32::from(rows.col[e]);
                         if owned(a) {
                             axpy(&mut m, a, c1 * we * rows.value(e), &f);
                         }
@@ -1996,7 +1998,7 @@ impl RiskSetModel {
                         }
                         let u = -self.info[row].we * inv;
                         for e in lo..hi {
-                            let a = rows.col[e];
+                            let a = u32::from(rows.col[e]);
                             if owned(a) {
                                 axpy(&mut m, a, u * rows.value(e), &tmp);
                             }
@@ -2169,7 +2171,7 @@ impl RiskSetModel {
 /// Row-major entries of the columns of an information request.
 struct SweepRows<'a> {
     ptr: &'a [u32],
-    col: &'a [u32],
+    col: &'a [u16],
     val: &'a [f64],
 }
 
@@ -2270,7 +2272,7 @@ const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
 struct RowMajor {
     cols: Vec<usize>,
     ptr: Vec<u32>,
-    col: Vec<u32>,
+    col: Vec<u16>,
     val: Vec<f64>,
 }
 
@@ -2297,7 +2299,7 @@ impl RowMajor {
             for e in lo..hi {
                 let a = map[self.col[e] as usize];
                 if a != u32::MAX {
-                    self.col[out] = a;
+                    self.col[out] = a as u16;
                     if has_val {
                         self.val[out] = self.val[e];
                     }
@@ -2326,7 +2328,8 @@ impl RowMajor {
     }
 }
 
-/// From this many columns `information` uses the sweep.
+/// From this many columns `information` uses the sweep (up to [`ROW_MAJOR_MAX_COLS`]; beyond,
+/// the dense form: the k × k result alone would then need 32 GiB).
 const SWEEP_MIN_COLS: usize = 33;
 /// Columns of P per parallel block of the sweep (the split depends on k only).
 const SWEEP_BLOCK_COLS: usize = 48;

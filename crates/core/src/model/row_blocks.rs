@@ -204,13 +204,15 @@ fn sum_two(
 }
 
 /// The row-major form (CSR) of `cols` over `n` rows: row pointers, the index in `cols` of
-/// each entry (entries of a row in column order) and the values (`None` when every column is
-/// 0/1). Integer bookkeeping except the copied values: the same result for any blocking.
-/// Row blocks run in parallel.
+/// each entry (entries of a row in column order; `u16`, so at most [`ROW_MAJOR_MAX_COLS`]
+/// columns: callers check) and the values (`None` when every column is 0/1). Integer
+/// bookkeeping except the copied values: the same result for any blocking. Row blocks run in
+/// parallel.
 pub(crate) fn row_major(
     n: usize,
     cols: &[Option<SparseCol<'_>>],
-) -> (Vec<u32>, Vec<u32>, Option<Vec<f64>>) {
+) -> (Vec<u32>, Vec<u16>, Option<Vec<f64>>) {
+    debug_assert!(cols.len() <= ROW_MAJOR_MAX_COLS);
     let nb = n_blocks(n);
     let ones = cols.iter().flatten().all(|c| c.vals.is_empty());
     // Per-row counts, block by block.
@@ -244,7 +246,7 @@ pub(crate) fn row_major(
                 let (lo, hi) = c.block(b);
                 for (i, &r) in (lo..hi).zip(&c.rows[lo..hi]) {
                     let at = &mut fill[r as usize - r0];
-                    col_part[*at as usize] = a as u32;
+                    col_part[*at as usize] = a as u16;
                     if !ones {
                         val_part[*at as usize] = c.value(i);
                     }
@@ -256,19 +258,23 @@ pub(crate) fn row_major(
     (ptr, col_of, (!ones).then_some(val))
 }
 
+/// Most columns of [`row_major`] (its column indices are `u16`: half the memory of `u32`, and
+/// a dense k × k matrix over more columns would need 32 GiB).
+pub(crate) const ROW_MAJOR_MAX_COLS: usize = 1 << 16;
+
 /// Zeroed column indices and (unless `ones`) values for `total` entries.
-fn alloc_entries(total: usize, ones: bool) -> (Vec<u32>, Vec<f64>) {
+fn alloc_entries(total: usize, ones: bool) -> (Vec<u16>, Vec<f64>) {
     let val = if ones { Vec::new() } else { vec![0.0; total] };
-    (vec![0u32; total], val)
+    (vec![0u16; total], val)
 }
 
 /// The entries of each row block (rows `b·ROW_BLOCK ..`, entries `ptr[r0] .. ptr[r1]`) as
 /// disjoint mutable slices of `col` and `val` (`val` empty: empty slices).
 fn block_parts<'a>(
     ptr: &[u32],
-    col: &'a mut [u32],
+    col: &'a mut [u16],
     val: &'a mut [f64],
-) -> Vec<(&'a mut [u32], &'a mut [f64])> {
+) -> Vec<(&'a mut [u16], &'a mut [f64])> {
     let n = ptr.len() - 1;
     let ones = val.is_empty();
     let mut parts = Vec::with_capacity(n_blocks(n));
@@ -373,11 +379,11 @@ mod tests {
                     let mut expect = Vec::new();
                     for (a, c) in cols.iter().enumerate() {
                         if let Ok(i) = c.rows.binary_search(&(r as u32)) {
-                            expect.push((a as u32, c.value(i)));
+                            expect.push((a as u16, c.value(i)));
                         }
                     }
                     let (lo, hi) = (ptr[r] as usize, ptr[r + 1] as usize);
-                    let got: Vec<(u32, f64)> = (lo..hi)
+                    let got: Vec<(u16, f64)> = (lo..hi)
                         .map(|e| (col_of[e], val.as_ref().unwrap()[e]))
                         .collect();
                     assert_eq!(got, expect, "row {r}");
