@@ -183,6 +183,28 @@ fn many_pairs_equal_single_pair_runs_and_negative_controls_calibrate() {
         );
         assert!(got.lines().count() >= 2, "{got}");
         assert_eq!(got, want, "{outcome}");
+        // So are its time trend and time-stability test (shared between the exposures of a
+        // unit, computed alone in the single run), to the last digit CSV prints.
+        for (object, q) in [
+            (
+                "sccs_time_trend",
+                "SELECT * EXCLUDE (analysis_id) FROM t WHERE exposure = 'diclofenac' \
+                 ORDER BY 2, 3",
+            ),
+            (
+                "sccs_pair_diagnostics",
+                "SELECT time_trend_months, time_trend_ratio, time_trend_p FROM t \
+                 WHERE exposure = 'diclofenac'",
+            ),
+        ] {
+            let got = parquet_csv(&unit_object(&out, &format!("sccs.{outcome}"), object), q);
+            let want = parquet_csv(
+                &unit_object(&single_out, &format!("sccs.{outcome}"), object),
+                q,
+            );
+            assert!(got.lines().count() >= 2, "{object}: {got}");
+            assert_eq!(got, want, "{outcome} {object}");
+        }
     }
 
     // sccs_result: the OHDSI columns, in the specification's names.

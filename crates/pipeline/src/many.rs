@@ -34,7 +34,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{Result as DfResult, ScalarValue};
 use datafusion::prelude::SessionContext;
 use epifusion_core::model::ModelKind;
-use epifusion_core::sccs_diagnostics::TimeStabilityMemo;
+use epifusion_sql::study::diagnostics::TrendMemo;
 use epifusion_sql::study::{self, SccsDesign};
 use toml::Spanned;
 
@@ -224,12 +224,13 @@ pub(crate) async fn outcome_stage(
     // Each fit registers its tables in a session of its own, so the fits can run at once.
     // After a pair's fit: its likelihood profiles (a second fit) and its time-based
     // diagnostics (on a blocking thread), for the OHDSI results tables.
-    // The exposures share the outcome's cases: without time splines their time-stability
-    // tests are one computation (remembered here; results identical to computing each).
-    let stability_memo = Arc::new(TimeStabilityMemo::new());
+    // The exposures share the outcome's cases: their monthly counts, and without time splines
+    // their time-stability tests, are one computation (remembered here; results identical to
+    // computing each pair on its own).
+    let trend_memo = Arc::new(TrendMemo::new());
     let fits = futures::future::join_all(pairs.iter().zip(&tables).zip(&exposure_cases).map(
         |((p, t), cases)| {
-            let memo = stability_memo.clone();
+            let memo = trend_memo.clone();
             async move {
                 let t_fit = Instant::now();
                 let r = fit(&SessionContext::new(), p, t).await;

@@ -20,11 +20,11 @@ use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Sche
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{exec_datafusion_err, Result as DfResult};
 use epifusion_core::sccs_diagnostics::{
-    pre_exposure_gain, PreExposureGain, TimeStability, TimeStabilityMemo, RESULTS_P_THRESHOLD,
+    pre_exposure_gain, PreExposureGain, TimeStability, RESULTS_P_THRESHOLD,
     RESULTS_TIME_TREND_MAX_RATIO,
 };
 use epifusion_sql::study::diagnostics::{
-    pre_exposure_cases, time_to_event_weeks, time_trend, TrendMonth,
+    pre_exposure_cases, time_to_event_weeks, time_trend, TrendMemo, TrendMonth,
 };
 use epifusion_sql::study::ExposureCases;
 
@@ -133,12 +133,12 @@ pub struct PairSeries {
 
 /// The time trend (adjusted by the pair's fitted season / calendar-time splines when the
 /// design has them; `coefficients` empty: unadjusted), the time to event and the pre-exposure
-/// gain of one pair. The time-stability test is looked up in `memo`, shared by the pairs of
-/// one unit (see [`TimeStabilityMemo`]). CPU work: call it on a blocking thread.
+/// gain of one pair. What the pairs of one unit share is looked up in `memo` (see
+/// [`TrendMemo`]). CPU work: call it on a blocking thread.
 pub fn pair_series(
     cases: &ExposureCases,
     coefficients: &HashMap<i64, f64>,
-    memo: &TimeStabilityMemo,
+    memo: &TrendMemo,
 ) -> PairSeries {
     let (trend, stability) = time_trend(
         &cases.cases,

@@ -46,7 +46,7 @@
 //! observed in are left out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray,
@@ -713,21 +713,80 @@ pub struct TrendMonth {
     pub adjusted_ratio: f64,
 }
 
+/// What the pairs of one many-pairs unit share in [`time_trend`]: the exposures of one outcome
+/// share its cases ([`super::sccs_many::ExposureCases`]), so each distinct case set's months
+/// and plain monthly counts are computed once, and each distinct time-stability test once
+/// ([`TimeStabilityMemo`]: without time splines every pair asks the same). Results are those
+/// of computing each pair on its own, bit for bit.
+#[derive(Debug, Default)]
+pub struct TrendMemo {
+    stability: TimeStabilityMemo,
+    /// Per case set (held, so compared by address for as long as the memo lives): its months
+    /// and plain counts, formed by the first pair that asks.
+    bases: Mutex<Vec<(Arc<SccsCases>, TrendBaseCell)>>,
+}
+
+/// The cases' months and their plain (unadjusted) monthly counts, once formed.
+type TrendBaseCell = Arc<OnceLock<(Vec<CaseMonths>, Vec<MonthCount>)>>;
+
+impl TrendMemo {
+    /// An empty memo.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cell of `cases`' months and plain counts (one per case set; [`trend_base`] fills
+    /// it once).
+    fn base(&self, cases: &Arc<SccsCases>) -> TrendBaseCell {
+        let cell = {
+            // A poisoned lock only means another pair panicked while holding it; the list
+            // itself is whole (entries are pushed in one step).
+            let mut bases = self.bases.lock().unwrap_or_else(|e| e.into_inner());
+            match bases.iter().find(|(c, _)| Arc::ptr_eq(c, cases)) {
+                Some((_, cell)) => cell.clone(),
+                None => {
+                    let cell = TrendBaseCell::default();
+                    bases.push((cases.clone(), cell.clone()));
+                    cell
+                }
+            }
+        };
+        cell
+    }
+}
+
+/// The cases' months and their plain monthly counts.
+fn trend_base(cases: &SccsCases) -> (Vec<CaseMonths>, Vec<MonthCount>) {
+    let months = case_months(cases);
+    let plain = counts_of(&months, cases, None);
+    (months, plain)
+}
+
 /// The time trend of R `computeOutcomeRatePerMonth(studyPopulation, sccsModel)` (months with
 /// at least one outcome) and its stability test (R `computeTimeStability` with `max_ratio`:
-/// the adjusted expected counts against the observed). With `memo`, the test is looked up
-/// there (the pairs of one outcome without time splines share it; results are identical).
+/// the adjusted expected counts against the observed). With `memo`, what the pairs of a unit
+/// share is looked up there ([`TrendMemo`]; the results are the same).
 pub fn time_trend(
-    cases: &SccsCases,
+    cases: &Arc<SccsCases>,
     coefficients: Option<&HashMap<i64, f64>>,
     max_ratio: f64,
     alpha: f64,
-    memo: Option<&TimeStabilityMemo>,
+    memo: Option<&TrendMemo>,
 ) -> (Vec<TrendMonth>, TimeStability) {
-    let case_months = case_months(cases);
-    let plain = counts_of(&case_months, cases, None);
+    let own;
+    let shared;
+    let (case_months, plain) = match memo {
+        Some(m) => {
+            shared = m.base(cases);
+            shared.get_or_init(|| trend_base(cases))
+        }
+        None => {
+            own = trend_base(cases);
+            &own
+        }
+    };
     let adjusted = match spline_coefficients(cases, coefficients) {
-        Some(c) => counts_of(&case_months, cases, Some(c)),
+        Some(c) => counts_of(case_months, cases, Some(c)),
         None => plain.clone(),
     };
     let months: Vec<TrendMonth> = plain
@@ -744,7 +803,9 @@ pub fn time_trend(
     let observed: Vec<u64> = adjusted.iter().map(|m| m.observed).collect();
     let expected: Vec<f64> = adjusted.iter().map(|m| m.expected).collect();
     let stability = match memo {
-        Some(m) => m.time_stability(&observed, &expected, max_ratio, alpha),
+        Some(m) => m
+            .stability
+            .time_stability(&observed, &expected, max_ratio, alpha),
         None => time_stability(&observed, &expected, max_ratio, alpha),
     };
     (months, stability)
