@@ -610,6 +610,17 @@ pub(crate) fn cholesky_solve(l: &[f64], k: usize, b: &[f64]) -> Vec<f64> {
 mod tests {
     use super::*;
 
+    /// Seeded xorshift draws, uniform on [−0.5, 0.5).
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        }
+    }
+
     /// The blocked factorization gives every bit of the plain one (one `dot4` per entry).
     #[test]
     fn blocked_cholesky_is_bit_identical() {
@@ -630,13 +641,7 @@ mod tests {
             }
             Some(l)
         };
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut unif = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
+        let mut unif = uniform(0x2545_F491_4F6C_DD1D);
         for k in (1..=23).chain([64, 97, 130]) {
             // B Bᵀ + diagonal: symmetric positive definite.
             let b: Vec<f64> = (0..k * k).map(|_| unif()).collect();
@@ -660,13 +665,7 @@ mod tests {
     /// triangle restored from the upper one) and not symmetric (factored from a copy).
     #[test]
     fn owned_factor_is_the_factor() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut unif = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
+        let mut unif = uniform(0x9E37_79B9_7F4A_7C15);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for k in [1, 2, 5, 9, 31, 70] {
             // Rank ≤ k/2 + 1 Gram matrices (singular for k > 2) and full-rank ones.
