@@ -190,6 +190,7 @@ pub(crate) async fn outcome_stage(
     a: &Analysis,
     tag: &str,
     progress: &Progress,
+    era_cache: &study::ExposureEraCache,
 ) -> Result<Staged, PipelineError> {
     let t0 = Instant::now();
     let n = a.exposures.len();
@@ -198,9 +199,10 @@ pub(crate) async fn outcome_stage(
     ));
     let pairs: Vec<Analysis> = a.exposures.iter().map(|e| pair(a, e)).collect();
     let d = outcome_design(a, &pairs).map_err(|e| analysis_err(a, e))?;
-    let (tables, exposure_cases) = study::build_sccs_each_exposure_with_cases(ctx, &d)
-        .await
-        .map_err(|e| analysis_err(a, e))?;
+    let (tables, exposure_cases) =
+        study::build_sccs_each_exposure_with_cases(ctx, &d, Some(era_cache))
+            .await
+            .map_err(|e| analysis_err(a, e))?;
     let build_seconds = t0.elapsed().as_secs_f64();
     let rows: usize = tables
         .iter()

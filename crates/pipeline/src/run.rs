@@ -411,6 +411,8 @@ async fn run_locked(
     let mut entries = Vec::new();
     let mut failures = Vec::new();
     let ps_cache = super::cohort_adjust::PsCache::new();
+    // The SCCS units of one analysis (one per outcome) share its exposures' eras.
+    let era_cache = epifusion_sql::study::ExposureEraCache::new();
     let pause = std::env::var("EPIFUSION_TEST_PAUSE_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok());
@@ -433,7 +435,7 @@ async fn run_locked(
             progress.advance();
             continue;
         }
-        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache).await {
+        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache, &era_cache).await {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -615,7 +617,7 @@ async fn sizes(
 }
 
 /// Build, fit and write one unit; returns its manifest.
-#[allow(clippy::too_many_arguments)] // the run's shared state (output, progress, PS cache), one argument each
+#[allow(clippy::too_many_arguments)] // the run's shared state (output, progress, caches), one argument each
 async fn run_unit(
     ctx: &SessionContext,
     p: &Pipeline,
@@ -625,13 +627,14 @@ async fn run_unit(
     tag: &str,
     progress: &Progress,
     ps_cache: &super::cohort_adjust::PsCache,
+    era_cache: &epifusion_sql::study::ExposureEraCache,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
     let staged = if a.exposures.is_empty() {
         single_stage(ctx, p, a, tag, progress, ps_cache).await?
     } else {
-        crate::many::outcome_stage(ctx, a, tag, progress).await?
+        crate::many::outcome_stage(ctx, a, tag, progress, era_cache).await?
     };
     let Staged {
         fitted,

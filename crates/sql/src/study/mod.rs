@@ -40,7 +40,9 @@ use serde::Deserialize;
 
 pub use cohort::{build_cohort, CohortDesign};
 pub use sccs::{build_sccs, SccsDesign};
-pub use sccs_many::{build_sccs_each_exposure, build_sccs_each_exposure_with_cases, ExposureCases};
+pub use sccs_many::{
+    build_sccs_each_exposure, build_sccs_each_exposure_with_cases, ExposureCases, ExposureEraCache,
+};
 
 /// The tables a study design produces.
 #[derive(Debug, Clone, Default)]

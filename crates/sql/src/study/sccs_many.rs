@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_datafusion_err, exec_err, Result as DfResult};
 use datafusion::prelude::SessionContext;
 
@@ -60,7 +60,7 @@ pub async fn build_sccs_each_exposure(
         }
         return Ok(out);
     }
-    let cases = load_shared(ctx, d).await?;
+    let cases = load_shared(ctx, d, None).await?;
     let mut out = Vec::with_capacity(d.exposures.len());
     for x in 0..d.exposures.len() {
         out.push(exposure_tables(d, &cases, x).await?);
@@ -80,10 +80,12 @@ pub struct ExposureCases {
 
 /// [`build_sccs_each_exposure`], also returning each exposure's case data (shared between the
 /// exposures; with `restrict_time_to_exposure`, each exposure's own population is loaded once
-/// more for it).
+/// more for it). With `eras`, the other exposures' eras are read from the store once for every
+/// design that asks with the same concept sets (see [`ExposureEraCache`]).
 pub async fn build_sccs_each_exposure_with_cases(
     ctx: &SessionContext,
     d: &SccsDesign,
+    eras: Option<&ExposureEraCache>,
 ) -> DfResult<(Vec<StudyTables>, Vec<ExposureCases>)> {
     d.check()?;
     let mut tables = Vec::with_capacity(d.exposures.len());
@@ -99,7 +101,7 @@ pub async fn build_sccs_each_exposure_with_cases(
         }
         return Ok((tables, cases));
     }
-    let shared = Arc::new(load_shared(ctx, d).await?);
+    let shared = Arc::new(load_shared(ctx, d, eras).await?);
     for x in 0..d.exposures.len() {
         tables.push(exposure_tables(d, &shared, x).await?);
         cases.push(ExposureCases {
@@ -110,10 +112,58 @@ pub async fn build_sccs_each_exposure_with_cases(
     Ok((tables, cases))
 }
 
+/// The exposures' eras of a many-pairs design over every person (the `UNION ALL` of the
+/// concept sets of its exposures after the first, each row tagged with its exposure's index),
+/// kept across the designs of one pipeline run: the outcome units of an analysis share its
+/// exposures, so the store's exposure tables are scanned once per run instead of once per
+/// outcome. Keyed by the query text (the same concept sets in the same order give the same
+/// rows); the eras are joined to each unit's cases exactly as the uncached query joins them.
+/// A result larger than [`ExposureEraCache::MAX_BYTES`] is not kept (each unit then reads the
+/// store as without a cache), so memory stays bounded.
+#[derive(Debug, Default)]
+pub struct ExposureEraCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, Option<CachedEras>>>,
+}
+
+/// A kept query result: its schema and batches (`None` in the map: too large to keep).
+type CachedEras = (SchemaRef, Arc<Vec<RecordBatch>>);
+
+impl ExposureEraCache {
+    /// Largest result kept (bytes of its Arrow arrays): 1 GiB.
+    pub const MAX_BYTES: usize = 1 << 30;
+
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The result of `sql` (the eras query), read once; `None` when it is too large to keep.
+    async fn eras(&self, ctx: &SessionContext, sql: &str) -> DfResult<Option<CachedEras>> {
+        // A poisoned lock only means a panic elsewhere while it was held; the map is whole.
+        let lock = || self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = lock().get(sql) {
+            return Ok(hit.clone());
+        }
+        let df = crate::planning::read_only_sql(ctx, sql).await?;
+        let planned = Arc::clone(df.schema().inner());
+        let batches = df.collect().await?;
+        let schema = batches.first().map_or(planned, RecordBatch::schema);
+        let bytes: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+        let kept = (bytes <= Self::MAX_BYTES).then(|| (schema, Arc::new(batches)));
+        lock().insert(sql.to_string(), kept.clone());
+        Ok(kept)
+    }
+}
+
 /// The study population, outcomes and the first exposure's eras through [`load_sccs`], then
 /// the other exposures' eras of the kept cases in **one** query (a `UNION ALL` of their
-/// concept sets joined once to the cases), read into the same case data as `load_sccs` would.
-async fn load_shared(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCases> {
+/// concept sets joined once to the cases; with `cache`, the union is read from there),
+/// read into the same case data as `load_sccs` would.
+async fn load_shared(
+    ctx: &SessionContext,
+    d: &SccsDesign,
+    cache: Option<&ExposureEraCache>,
+) -> DfResult<SccsCases> {
     let first = SccsDesign {
         exposures: vec![d.exposures[0].clone()],
         ..d.clone()
@@ -149,9 +199,26 @@ async fn load_shared(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCases
         })
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
+    let cached = match cache {
+        Some(c) => c.eras(ctx, &branches).await?,
+        None => None,
+    };
+    let eras_temp = match cached {
+        Some((schema, batches)) => Some(TempTable::register(
+            ctx,
+            "sccs_exposure_eras_many",
+            schema,
+            batches.as_ref().clone(),
+        )?),
+        None => None,
+    };
+    let eras = match &eras_temp {
+        Some(t) => t.name.clone(),
+        None => format!("({branches})"),
+    };
     let sql = format!(
         "SELECT c.case_index, r.exposure_index, r.concept_id, r.start_day, r.end_day \
-         FROM {cases} c JOIN ({branches}) AS r ON r.person_id = c.person_id",
+         FROM {cases} c JOIN {eras} AS r ON r.person_id = c.person_id",
         cases = temp.name
     );
     for b in query(ctx, &sql).await? {
@@ -178,6 +245,7 @@ async fn load_shared(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCases
         }
     }
     drop(temp);
+    drop(eras_temp);
     Ok(cases)
 }
 
