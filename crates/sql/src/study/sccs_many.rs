@@ -6,7 +6,9 @@
 //!
 //! The eras of every exposure but the first are read in one query (a `UNION ALL` of their
 //! concept sets, joined once to the kept cases), so a unit of N exposures runs 4 store queries,
-//! not 3 + N.
+//! not 3 + N. A pipeline run passes an [`ExposureEraCache`]: the union is then read once for
+//! every outcome unit of the analysis (each of its N − 1 branches scans the store's exposure
+//! table) and joined to each unit's cases in memory.
 //!
 //! For exposure `x` the result is the [`StudyTables`] of the design whose `exposures` is
 //! `[d.exposures[x]]` and whose other settings are `d`'s: the same cases (the study population
