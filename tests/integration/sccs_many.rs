@@ -53,6 +53,57 @@ async fn each_exposure_equals_its_single_pair_design() {
     assert_ne!(informative[0], informative[1], "{informative:?}");
 }
 
+/// The run-wide era cache: two outcomes with the same exposures read the exposures' eras once,
+/// and every table equals the uncached build's; a cache too small to keep the eras (0 bytes)
+/// reads the store for each outcome and gives the same tables.
+#[tokio::test]
+async fn outcomes_share_the_exposure_era_cache() {
+    use epifusion::engine::study::{build_sccs_each_exposure_with_cases, ExposureEraCache};
+    let store = format!("{}/data/gibleed", env!("CARGO_MANIFEST_DIR"));
+    let ctx = session(Path::new(&store)).await;
+    let design = |outcome: i64| {
+        SccsDesign::from_json(&format!(
+            r#"{{"outcome": {{"concept_ids": [{outcome}], "include_descendants": true}},
+            "exposures": [
+              {{"concept_ids": [1118084], "include_descendants": true, "label": "celecoxib",
+               "risk_windows": [{{"start": 0, "end": 30}}]}},
+              {{"concept_ids": [1124300], "include_descendants": true, "label": "diclofenac",
+               "risk_windows": [{{"start": 0, "end": 30}}]}},
+              {{"concept_ids": [1112807], "include_descendants": true, "label": "aspirin",
+               "risk_windows": [{{"start": 0, "end": 30}}]}}]}}"#
+        ))
+        .unwrap()
+    };
+    // GI bleed and a second outcome of the store (different cases).
+    let (cached, tiny) = (ExposureEraCache::new(), ExposureEraCache::with_max_bytes(0));
+    let mut kept = Vec::new();
+    for outcome in [192671, 28060] {
+        let d = design(outcome);
+        let (want, _) = build_sccs_each_exposure_with_cases(&ctx, &d, None)
+            .await
+            .unwrap();
+        for cache in [&cached, &tiny] {
+            let (got, _) = build_sccs_each_exposure_with_cases(&ctx, &d, Some(cache))
+                .await
+                .unwrap();
+            assert_eq!(got.len(), want.len());
+            for (x, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(!w.outcomes.is_empty(), "outcome {outcome}: no intervals");
+                for (name, g, w) in [
+                    ("outcomes", &g.outcomes, &w.outcomes),
+                    ("covariates", &g.covariates, &w.covariates),
+                    ("attrition", &g.attrition, &w.attrition),
+                ] {
+                    assert_eq!(one(g), one(w), "outcome {outcome}, exposure {x}: {name}");
+                }
+            }
+        }
+        kept.push((cached.kept(), tiny.kept()));
+    }
+    // One eras query for both outcomes (the same exposures), none kept by the tiny cache.
+    assert_eq!(kept, [(1, 0), (1, 0)]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The pipeline: one unit per outcome with every exposure, negative controls, OHDSI tables.
 

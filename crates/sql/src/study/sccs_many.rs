@@ -122,9 +122,16 @@ pub async fn build_sccs_each_exposure_with_cases(
 /// rows); the eras are joined to each unit's cases exactly as the uncached query joins them.
 /// A result larger than [`ExposureEraCache::MAX_BYTES`] is not kept (each unit then reads the
 /// store as without a cache), so memory stays bounded.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ExposureEraCache {
     entries: std::sync::Mutex<std::collections::HashMap<String, Option<CachedEras>>>,
+    max_bytes: usize,
+}
+
+impl Default for ExposureEraCache {
+    fn default() -> Self {
+        Self::with_max_bytes(Self::MAX_BYTES)
+    }
 }
 
 /// A kept query result: its schema and batches (`None` in the map: too large to keep).
@@ -134,9 +141,23 @@ impl ExposureEraCache {
     /// Largest result kept (bytes of its Arrow arrays): 1 GiB.
     pub const MAX_BYTES: usize = 1 << 30;
 
-    /// An empty cache.
+    /// An empty cache that keeps results of up to [`Self::MAX_BYTES`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache that keeps results of up to `max_bytes`.
+    pub fn with_max_bytes(max_bytes: usize) -> Self {
+        Self {
+            entries: Default::default(),
+            max_bytes,
+        }
+    }
+
+    /// How many eras queries have been read and kept.
+    pub fn kept(&self) -> usize {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.values().filter(|e| e.is_some()).count()
     }
 
     /// The result of `sql` (the eras query), read once; `None` when it is too large to keep.
@@ -151,7 +172,7 @@ impl ExposureEraCache {
         let batches = df.collect().await?;
         let schema = batches.first().map_or(planned, RecordBatch::schema);
         let bytes: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-        let kept = (bytes <= Self::MAX_BYTES).then(|| (schema, Arc::new(batches)));
+        let kept = (bytes <= self.max_bytes).then(|| (schema, Arc::new(batches)));
         lock().insert(sql.to_string(), kept.clone());
         Ok(kept)
     }
