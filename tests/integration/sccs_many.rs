@@ -55,13 +55,14 @@ async fn each_exposure_equals_its_single_pair_design() {
 
 /// The run-wide era cache: two outcomes with the same exposures read the exposures' eras once,
 /// and every table equals the uncached build's; a cache too small to keep the eras (0 bytes)
-/// reads the store for each outcome and gives the same tables.
+/// reads the store for each outcome and gives the same tables; another exposure list replaces
+/// the kept eras (and still gives the uncached tables).
 #[tokio::test]
 async fn outcomes_share_the_exposure_era_cache() {
     use epifusion::engine::study::{build_sccs_each_exposure_with_cases, ExposureEraCache};
     let store = format!("{}/data/gibleed", env!("CARGO_MANIFEST_DIR"));
     let ctx = session(Path::new(&store)).await;
-    let design = |outcome: i64| {
+    let design = |outcome: i64, last: i64| {
         SccsDesign::from_json(&format!(
             r#"{{"outcome": {{"concept_ids": [{outcome}], "include_descendants": true}},
             "exposures": [
@@ -69,16 +70,17 @@ async fn outcomes_share_the_exposure_era_cache() {
                "risk_windows": [{{"start": 0, "end": 30}}]}},
               {{"concept_ids": [1124300], "include_descendants": true, "label": "diclofenac",
                "risk_windows": [{{"start": 0, "end": 30}}]}},
-              {{"concept_ids": [1112807], "include_descendants": true, "label": "aspirin",
+              {{"concept_ids": [{last}], "include_descendants": true, "label": "last",
                "risk_windows": [{{"start": 0, "end": 30}}]}}]}}"#
         ))
         .unwrap()
     };
-    // GI bleed and a second outcome of the store (different cases).
+    // GI bleed and a second outcome of the store (different cases), then other exposures
+    // (aspirin replaced by acetaminophen).
     let (cached, tiny) = (ExposureEraCache::new(), ExposureEraCache::with_max_bytes(0));
     let mut kept = Vec::new();
-    for outcome in [192671, 28060] {
-        let d = design(outcome);
+    for (outcome, last) in [(192671, 1112807), (28060, 1112807), (28060, 1125315)] {
+        let d = design(outcome, last);
         let (want, _) = build_sccs_each_exposure_with_cases(&ctx, &d, None)
             .await
             .unwrap();
@@ -98,10 +100,20 @@ async fn outcomes_share_the_exposure_era_cache() {
                 }
             }
         }
-        kept.push((cached.kept(), tiny.kept()));
+        kept.push((cached.holds(), cached.reads(), tiny.holds(), tiny.reads()));
     }
-    // One eras query for both outcomes (the same exposures), none kept by the tiny cache.
-    assert_eq!(kept, [(1, 0), (1, 0)]);
+    // The default cache reads the eras once for both outcomes, then once for the new
+    // exposures. The tiny one keeps nothing: it reads each query once, remembers that the
+    // result is too large (no second attempt to collect it) and each build joins the store's
+    // eras itself.
+    assert_eq!(
+        kept,
+        [
+            (true, 1, false, 1),
+            (true, 1, false, 1),
+            (true, 2, false, 2)
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

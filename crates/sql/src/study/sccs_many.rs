@@ -7,7 +7,7 @@
 //! The eras of every exposure but the first are read in one query (a `UNION ALL` of their
 //! concept sets, joined once to the kept cases), so a unit of N exposures runs 4 store queries,
 //! not 3 + N. A pipeline run passes an [`ExposureEraCache`]: the union is then read once for
-//! every outcome unit of the analysis (each of its N − 1 branches scans the store's exposure
+//! all the outcome units of the analysis (each of its N − 1 branches scans the store's exposure
 //! table) and joined to each unit's cases in memory.
 //!
 //! For exposure `x` the result is the [`StudyTables`] of the design whose `exposures` is
@@ -117,15 +117,19 @@ pub async fn build_sccs_each_exposure_with_cases(
 /// The exposures' eras of a many-pairs design over every person (the `UNION ALL` of the
 /// concept sets of its exposures after the first, each row tagged with its exposure's index),
 /// kept across the designs of one pipeline run: the outcome units of an analysis share its
-/// exposures, so the store's exposure tables are scanned once per run instead of once per
+/// exposures, so the store's exposure tables are scanned once per analysis instead of once per
 /// outcome. Keyed by the query text (the same concept sets in the same order give the same
 /// rows); the eras are joined to each unit's cases exactly as the uncached query joins them.
-/// A result larger than [`ExposureEraCache::MAX_BYTES`] is not kept (each unit then reads the
-/// store as without a cache), so memory stays bounded.
+/// One result is kept at a time (a run's units come analysis by analysis, so a new query
+/// replaces the last one), and one larger than [`ExposureEraCache::MAX_BYTES`] is not kept
+/// (each unit then reads the store as without a cache), so memory stays bounded.
 #[derive(Debug)]
 pub struct ExposureEraCache {
-    entries: std::sync::Mutex<std::collections::HashMap<String, Option<CachedEras>>>,
+    /// The last query read and its result (`None`: too large to keep).
+    last: std::sync::Mutex<Option<(String, Option<CachedEras>)>>,
     max_bytes: usize,
+    /// How many times the store was queried.
+    reads: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for ExposureEraCache {
@@ -149,31 +153,44 @@ impl ExposureEraCache {
     /// An empty cache that keeps results of up to `max_bytes`.
     pub fn with_max_bytes(max_bytes: usize) -> Self {
         Self {
-            entries: Default::default(),
+            last: Default::default(),
             max_bytes,
+            reads: Default::default(),
         }
     }
 
-    /// How many eras queries have been read and kept.
-    pub fn kept(&self) -> usize {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.values().filter(|e| e.is_some()).count()
+    /// How many times an eras query was read from the store (not from the cache).
+    pub fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a result is kept now.
+    pub fn holds(&self) -> bool {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref().is_some_and(|(_, kept)| kept.is_some())
     }
 
     /// The result of `sql` (the eras query), read once; `None` when it is too large to keep.
     async fn eras(&self, ctx: &SessionContext, sql: &str) -> DfResult<Option<CachedEras>> {
-        // A poisoned lock only means a panic elsewhere while it was held; the map is whole.
-        let lock = || self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(hit) = lock().get(sql) {
-            return Ok(hit.clone());
+        // A poisoned lock only means a panic elsewhere while it was held; the slot is whole.
+        let lock = || self.last.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut last = lock();
+            match last.as_ref() {
+                Some((key, hit)) if key == sql => return Ok(hit.clone()),
+                // Another query: drop the last result before reading the new one.
+                _ => *last = None,
+            }
         }
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let df = crate::planning::read_only_sql(ctx, sql).await?;
         let planned = Arc::clone(df.schema().inner());
         let batches = df.collect().await?;
         let schema = batches.first().map_or(planned, RecordBatch::schema);
         let bytes: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
         let kept = (bytes <= self.max_bytes).then(|| (schema, Arc::new(batches)));
-        lock().insert(sql.to_string(), kept.clone());
+        *lock() = Some((sql.to_string(), kept.clone()));
         Ok(kept)
     }
 }
