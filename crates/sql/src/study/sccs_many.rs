@@ -138,7 +138,7 @@ impl Default for ExposureEraCache {
     }
 }
 
-/// A kept query result: its schema and batches (`None` in the map: too large to keep).
+/// A kept query result: its schema and batches.
 type CachedEras = (SchemaRef, Arc<Vec<RecordBatch>>);
 
 impl ExposureEraCache {
@@ -184,12 +184,25 @@ impl ExposureEraCache {
         }
         self.reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let df = crate::planning::read_only_sql(ctx, sql).await?;
-        let planned = Arc::clone(df.schema().inner());
-        let batches = df.collect().await?;
-        let schema = batches.first().map_or(planned, RecordBatch::schema);
-        let bytes: usize = batches.iter().map(RecordBatch::get_array_memory_size).sum();
-        let kept = (bytes <= self.max_bytes).then(|| (schema, Arc::new(batches)));
+        // Streamed, and given up as soon as the result outgrows the bound: a result too large
+        // to keep is never held whole.
+        let mut stream = crate::planning::read_only_sql(ctx, sql)
+            .await?
+            .execute_stream()
+            .await?;
+        let schema = stream.schema();
+        let (mut batches, mut bytes) = (Vec::new(), 0usize);
+        let mut fits = true;
+        while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+            let batch = batch?;
+            bytes += batch.get_array_memory_size();
+            if bytes > self.max_bytes {
+                fits = false;
+                break;
+            }
+            batches.push(batch);
+        }
+        let kept = fits.then(|| (schema, Arc::new(batches)));
         *lock() = Some((sql.to_string(), kept.clone()));
         Ok(kept)
     }
