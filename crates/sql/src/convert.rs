@@ -253,6 +253,20 @@ impl BatchSource {
         }
     }
 
+    /// Batches from an iterator (e.g. a channel a query's stream feeds); `label` names the
+    /// source in error messages.
+    pub fn from_iter(
+        label: impl Into<String>,
+        schema: SchemaRef,
+        batches: impl Iterator<Item = std::result::Result<RecordBatch, ArrowError>> + 'static,
+    ) -> Self {
+        BatchSource {
+            schema,
+            batches: Box::new(batches),
+            file: label.into(),
+        }
+    }
+
     /// The label used in error messages (file name or query).
     pub fn label(&self) -> &str {
         &self.file

@@ -28,7 +28,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use crate::convert::ReadOptions;
 use crate::fit_table::{
-    plan_sql, run_blocking, string_args, table_sql, BatchProducer, CollectedInputs, OneBatchExec,
+    plan_sql, string_args, table_sql, with_streamed_inputs, BatchProducer, OneBatchExec,
 };
 use epifusion_core::model::design::{ColumnFormat, DesignMatrix};
 
@@ -191,8 +191,7 @@ async fn build(
     covariates: Option<Arc<dyn ExecutionPlan>>,
     ctx: Arc<datafusion::execution::TaskContext>,
 ) -> DfResult<RecordBatch> {
-    let inputs = CollectedInputs::collect(outcomes, covariates, ctx).await?;
-    run_blocking("design_matrix", move || {
+    with_streamed_inputs("design_matrix", outcomes, covariates, ctx, move |inputs| {
         let read = ReadOptions {
             require_time: false,
             drop_unknown_rows: call.drop_unknown_rows,

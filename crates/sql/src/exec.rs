@@ -295,8 +295,22 @@ impl ExecutionPlan for EpiExec {
         self.children.iter().collect()
     }
 
+    /// A fit streams its inputs' partitions one after another in partition order
+    /// ([`crate::fit_table::stream_inputs`]): no coalescing node in front, which would
+    /// interleave the partitions' batches (a file's increasing row ids would arrive out of
+    /// order, and the design builder would fall back to a hash map). Every other node collects
+    /// its inputs whole.
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        vec![Distribution::SinglePartition; self.children.len()]
+        let each = match self.work {
+            Work::Fit(_) => Distribution::UnspecifiedDistribution,
+            _ => Distribution::SinglePartition,
+        };
+        vec![each; self.children.len()]
+    }
+
+    /// No round-robin repartitioning in front of a fit either (it would reorder rows).
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.children.len()]
     }
 
     fn apply_expressions(
@@ -552,6 +566,129 @@ mod tests {
             let there = collect(back, ctx.task_ctx()).await.unwrap();
             assert_eq!(without_timing(&here), without_timing(&there), "{sql}");
         }
+    }
+
+    /// An SCCS outcome table in `parts` partitions (rows 1..=n in order, split evenly) and its
+    /// covariates, registered as `o{parts}` and `c{parts}`.
+    fn register_split_sccs(ctx: &SessionContext, parts: usize) {
+        use datafusion::arrow::array::{Float64Array, Int64Array};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::datasource::MemTable;
+        let n = 24i64;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("row_id", DataType::Int64, false),
+            Field::new("stratum_id", DataType::Int64, false),
+            Field::new("time", DataType::Float64, false),
+            Field::new("y", DataType::Float64, false),
+        ]));
+        let cov_schema = Arc::new(Schema::new(vec![
+            Field::new("row_id", DataType::Int64, false),
+            Field::new("covariate_id", DataType::Int64, false),
+        ]));
+        let per = n as usize / parts;
+        let (mut outcomes, mut covariates) = (Vec::new(), Vec::new());
+        for p in 0..parts {
+            let ids: Vec<i64> = (1 + (p * per) as i64..=((p + 1) * per) as i64).collect();
+            let col = |f: &dyn Fn(i64) -> f64| {
+                Arc::new(Float64Array::from(
+                    ids.iter().map(|&i| f(i)).collect::<Vec<_>>(),
+                ))
+            };
+            outcomes.push(vec![RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ids.clone())),
+                    Arc::new(Int64Array::from(
+                        ids.iter().map(|i| (i - 1) / 4).collect::<Vec<_>>(),
+                    )),
+                    col(&|i| (10 + i % 7) as f64),
+                    col(&|i| f64::from(i % 3 == 0)),
+                ],
+            )
+            .unwrap()]);
+            // Covariates in reverse order within each partition.
+            let cov_rows: Vec<i64> = ids.iter().rev().filter(|&&i| i % 2 == 0).copied().collect();
+            covariates.push(vec![RecordBatch::try_new(
+                cov_schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(cov_rows.clone())),
+                    Arc::new(Int64Array::from(
+                        cov_rows.iter().map(|i| 1 + i % 4 / 2).collect::<Vec<_>>(),
+                    )),
+                ],
+            )
+            .unwrap()]);
+        }
+        let table = |schema, parts| Arc::new(MemTable::try_new(schema, parts).unwrap());
+        ctx.register_table(format!("o{parts}"), table(schema, outcomes))
+            .unwrap();
+        ctx.register_table(format!("c{parts}"), table(cov_schema, covariates))
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn fits_stream_their_inputs_in_partition_order() {
+        let ctx = session().await;
+        register_split_sccs(&ctx, 1);
+        register_split_sccs(&ctx, 3);
+        let sql = |parts: usize| {
+            format!(
+                "SELECT * FROM sccs_fit('o{parts}', 'c{parts}', '{{\"variance\": 1, \"ci\": \
+                 \"wald\"}}')"
+            )
+        };
+        // No coalescing or repartitioning node in front of the fit: its children keep their
+        // partitions, which the fit reads one after another.
+        let plan = plan_of(&ctx, &sql(3)).await;
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        assert!(shown.contains("EpiExec"), "{shown}");
+        assert!(!shown.contains("Coalesce"), "{shown}");
+        assert!(!shown.contains("Repartition"), "{shown}");
+        let child = plan
+            .children()
+            .first()
+            .map(|c| (*c).clone())
+            .expect("the fit reads its outcomes");
+        assert_eq!(child.properties().partitioning.partition_count(), 3);
+        // The streamed outcomes arrive in partition order: row ids 1..=24, increasing.
+        let (inputs, feeder) = crate::fit_table::stream_inputs(child, None, ctx.task_ctx());
+        let reader = tokio::task::spawn_blocking(move || {
+            let read = crate::convert::ReadOptions::default();
+            inputs.design(&read).map(|x| x.rows.row_id.clone())
+        });
+        feeder.await.unwrap();
+        let ids = reader.await.unwrap().unwrap();
+        assert_eq!(ids, (1..=24).collect::<Vec<i64>>());
+        // Same fit, bit for bit, from one partition.
+        let split = collect(plan, ctx.task_ctx()).await.unwrap();
+        let whole = collect(plan_of(&ctx, &sql(1)).await, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert_eq!(without_timing(&split), without_timing(&whole));
+        assert_eq!(split[0].num_rows(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failing_input_plan_fails_the_streamed_fit() {
+        let ctx = session().await;
+        register_split_sccs(&ctx, 3);
+        // The covariate query fails on its last partition (a cast of a non-number), after the
+        // outcomes were read: the fit reports the query's error.
+        let e = collect(
+            plan_of(
+                &ctx,
+                "SELECT * FROM sccs_fit('o3', 'SELECT row_id, CAST(CASE WHEN row_id > 20 THEN \
+                 ''x'' ELSE ''1'' END AS BIGINT) AS covariate_id FROM c3', '{\"variance\": 1}')",
+            )
+            .await,
+            ctx.task_ctx(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("Cast") || e.contains("cast"), "{e}");
     }
 
     #[tokio::test]

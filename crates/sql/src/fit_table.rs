@@ -412,11 +412,127 @@ impl DisplayAs for OneBatchExec {
     }
 }
 
-/// The collected inputs of a table function: the outcome (or wide) table and, in the long
-/// format, the covariate table.
+/// One input table of a table function: batches in memory, or a channel its plan's partitions
+/// are streamed into ([`stream_inputs`]).
+enum InputTable {
+    Batches(SchemaRef, Vec<RecordBatch>),
+    Stream(
+        SchemaRef,
+        tokio::sync::mpsc::Receiver<ArrowResult<RecordBatch>>,
+    ),
+}
+
+type ArrowResult<T> = std::result::Result<T, datafusion::arrow::error::ArrowError>;
+
+impl InputTable {
+    /// The batches as a [`BatchSource`]; a streamed table is read batch by batch (blocking:
+    /// call this on a blocking thread, never on a tokio worker).
+    fn source(self, label: &str) -> BatchSource {
+        match self {
+            InputTable::Batches(schema, batches) => {
+                BatchSource::from_batches(label, schema, batches)
+            }
+            InputTable::Stream(schema, mut rx) => BatchSource::from_iter(
+                label,
+                schema,
+                std::iter::from_fn(move || rx.blocking_recv()),
+            ),
+        }
+    }
+}
+
+/// The inputs of a table function: the outcome (or wide) table and, in the long format, the
+/// covariate table — collected in memory, or streamed from their plans ([`stream_inputs`]).
 pub struct CollectedInputs {
-    outcomes: (SchemaRef, Vec<RecordBatch>),
-    covariates: Option<(SchemaRef, Vec<RecordBatch>)>,
+    outcomes: InputTable,
+    covariates: Option<InputTable>,
+}
+
+/// Batches in flight between a streamed plan and the design builder, per input.
+const STREAM_BUFFER: usize = 4;
+
+/// Stream the input plans into the design instead of collecting them: returns the inputs (to
+/// be read on a blocking thread) and the future that runs the plans. Each plan's partitions
+/// run one after another, in partition order, so a file stays in its order (row ids that were
+/// increasing in the file stay increasing, and the builder resolves them without a hash map);
+/// at most [`STREAM_BUFFER`] batches per input wait between the plan and the builder. The
+/// outcome plan runs before the covariate plan (the builder reads them in that order). When the
+/// builder stops early (a bad value), the plans stop at their next batch.
+pub fn stream_inputs(
+    outcomes: Arc<dyn ExecutionPlan>,
+    covariates: Option<Arc<dyn ExecutionPlan>>,
+    context: Arc<TaskContext>,
+) -> (CollectedInputs, BoxFuture<'static, DfResult<()>>) {
+    use futures::StreamExt;
+    let (tx_o, rx_o) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+    let inputs_o = InputTable::Stream(outcomes.schema(), rx_o);
+    let (cov, tx_c) = match &covariates {
+        Some(plan) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+            (Some(InputTable::Stream(plan.schema(), rx)), Some(tx))
+        }
+        None => (None, None),
+    };
+    async fn feed(
+        plan: Arc<dyn ExecutionPlan>,
+        context: Arc<TaskContext>,
+        tx: tokio::sync::mpsc::Sender<ArrowResult<RecordBatch>>,
+    ) -> DfResult<bool> {
+        for p in 0..plan.properties().partitioning.partition_count() {
+            let mut stream = plan.execute(p, context.clone())?;
+            while let Some(batch) = stream.next().await {
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let message = e.to_string();
+                        let _ = tx
+                            .send(Err(datafusion::arrow::error::ArrowError::ExternalError(
+                                message.into(),
+                            )))
+                            .await;
+                        return Err(e);
+                    }
+                };
+                if tx.send(Ok(batch)).await.is_err() {
+                    // The builder stopped (its error is the one reported).
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+    let feeder = async move {
+        if !feed(outcomes, context.clone(), tx_o).await? {
+            return Ok(());
+        }
+        if let (Some(plan), Some(tx)) = (covariates, tx_c) {
+            feed(plan, context, tx).await?;
+        }
+        Ok(())
+    };
+    (
+        CollectedInputs {
+            outcomes: inputs_o,
+            covariates: cov,
+        },
+        Box::pin(feeder),
+    )
+}
+
+/// Run `work` on the streamed inputs of `outcomes` and `covariates` ([`stream_inputs`]) on a
+/// blocking thread while the plans run; a failing plan's error wins over the builder's (which
+/// then only says that its input broke off).
+pub async fn with_streamed_inputs<T: Send + 'static>(
+    what: &str,
+    outcomes: Arc<dyn ExecutionPlan>,
+    covariates: Option<Arc<dyn ExecutionPlan>>,
+    context: Arc<TaskContext>,
+    work: impl FnOnce(CollectedInputs) -> epifusion_core::Result<T> + Send + 'static,
+) -> DfResult<T> {
+    let (inputs, feeder) = stream_inputs(outcomes, covariates, context);
+    let (result, fed) = futures::join!(run_blocking(what, move || work(inputs)), feeder);
+    fed?;
+    result
 }
 
 impl CollectedInputs {
@@ -427,9 +543,12 @@ impl CollectedInputs {
         context: Arc<TaskContext>,
     ) -> DfResult<Self> {
         let schema = outcomes.schema();
-        let outcomes = (schema, collect(outcomes, context.clone()).await?);
+        let outcomes = InputTable::Batches(schema, collect(outcomes, context.clone()).await?);
         let covariates = match covariates {
-            Some(plan) => Some((plan.schema(), collect(plan, context).await?)),
+            Some(plan) => Some(InputTable::Batches(
+                plan.schema(),
+                collect(plan, context).await?,
+            )),
             None => None,
         };
         Ok(CollectedInputs {
@@ -451,14 +570,11 @@ impl CollectedInputs {
         self,
         read: &ReadOptions,
     ) -> epifusion_core::Result<(epifusion_core::model::design::DesignMatrix, Vec<String>)> {
-        let (schema, batches) = self.outcomes;
-        let outcomes = BatchSource::from_batches("outcomes", schema, batches);
+        let outcomes = self.outcomes.source("outcomes");
         let (builder, report) = match self.covariates {
-            Some((schema, batches)) => convert::read_long_from(
-                outcomes,
-                BatchSource::from_batches("covariates", schema, batches),
-                read,
-            )?,
+            Some(covariates) => {
+                convert::read_long_from(outcomes, covariates.source("covariates"), read)?
+            }
             None => convert::read_wide_from(outcomes, read)?,
         };
         let x = builder.build().map_err(|e| {
@@ -494,8 +610,12 @@ pub async fn fit_from_plans(
     covariates: Option<Arc<dyn ExecutionPlan>>,
     context: Arc<TaskContext>,
 ) -> DfResult<RecordBatch> {
-    let inputs = CollectedInputs::collect(outcomes, covariates, context).await?;
-    Ok(fit_collected(model, options, table, inputs).await?.batch)
+    let mut options = options;
+    let _cancel_on_drop = cancel_on_drop(&mut options);
+    with_streamed_inputs("fit", outcomes, covariates, context, move |inputs| {
+        Ok(fit_inputs(model, &options, table, inputs)?.batch)
+    })
+    .await
 }
 
 /// What [`fit_batches`] returns: the result table, and for the coefficient table the covariate
@@ -534,8 +654,8 @@ pub async fn fit_batches(
         table,
     } = FitWork::parse(function, model, options_json)?;
     let inputs = CollectedInputs {
-        outcomes,
-        covariates,
+        outcomes: InputTable::Batches(outcomes.0, outcomes.1),
+        covariates: covariates.map(|(schema, batches)| InputTable::Batches(schema, batches)),
     };
     fit_collected(model, options, table, inputs).await
 }
@@ -547,36 +667,48 @@ async fn fit_collected(
     table: ResultTable,
     inputs: CollectedInputs,
 ) -> DfResult<FitOutput> {
-    // Dropping this future (the query's stream: Ctrl-C, a client that goes away) cancels the
-    // fit running on the blocking thread.
+    let _cancel_on_drop = cancel_on_drop(&mut options);
+    run_blocking("fit", move || fit_inputs(model, &options, table, inputs)).await
+}
+
+/// Give the fit of `options` a cancel token and return its guard: dropping the guard with the
+/// future that holds it (the query's stream: Ctrl-C, a client that goes away) cancels the fit
+/// running on the blocking thread.
+fn cancel_on_drop(options: &mut FitOptions) -> epifusion_core::cancel::CancelOnDrop {
     let token = epifusion_core::cancel::CancelToken::new();
     options.ccd.cancel = token.clone();
-    let _cancel_on_drop = token.cancel_on_drop();
-    run_blocking("fit", move || {
-        let read = ReadOptions {
-            require_time: model.needs_time(),
-            ..Default::default()
-        };
-        let (x, read_notes) = inputs.design_with_notes(&read)?;
-        let mut result = fit_owned(x, &options)?;
-        result.notes.splice(0..0, read_notes);
-        let batch = convert::table_batch(&result, table)?;
-        let covariate_ids = (table == ResultTable::Coefficients).then(|| {
-            result
-                .coefficients
-                .iter()
-                .map(|c| {
-                    (c.covariate_id != epifusion_core::model::design::INTERCEPT_ID)
-                        .then_some(c.covariate_id)
-                })
-                .collect()
-        });
-        Ok(FitOutput {
-            batch,
-            covariate_ids,
-        })
+    token.cancel_on_drop()
+}
+
+/// Build the design from `inputs`, fit and make the result table (blocking).
+fn fit_inputs(
+    model: ModelKind,
+    options: &FitOptions,
+    table: ResultTable,
+    inputs: CollectedInputs,
+) -> epifusion_core::Result<FitOutput> {
+    let read = ReadOptions {
+        require_time: model.needs_time(),
+        ..Default::default()
+    };
+    let (x, read_notes) = inputs.design_with_notes(&read)?;
+    let mut result = fit_owned(x, options)?;
+    result.notes.splice(0..0, read_notes);
+    let batch = convert::table_batch(&result, table)?;
+    let covariate_ids = (table == ResultTable::Coefficients).then(|| {
+        result
+            .coefficients
+            .iter()
+            .map(|c| {
+                (c.covariate_id != epifusion_core::model::design::INTERCEPT_ID)
+                    .then_some(c.covariate_id)
+            })
+            .collect()
+    });
+    Ok(FitOutput {
+        batch,
+        covariate_ids,
     })
-    .await
 }
 
 impl ExecutionPlan for OneBatchExec {

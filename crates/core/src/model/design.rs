@@ -19,6 +19,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::{Error, Result};
 
@@ -478,7 +479,7 @@ pub struct DesignBuilder {
     /// First row (index) whose row id repeats an earlier one.
     first_duplicate_row: Option<usize>,
     /// Covariate id → index into `columns`.
-    column_index: HashMap<i64, u32>,
+    column_index: IdMap<u32>,
     columns: Vec<ColumnAcc>,
     /// Entries whose row id was unknown when pushed: (row id, covariate id, value, push number).
     pending: Vec<(i64, i64, f64, u64)>,
@@ -488,6 +489,37 @@ pub struct DesignBuilder {
     names: HashMap<i64, String>,
     drop_unknown_rows: bool,
 }
+
+/// Hasher of integer ids (the splitmix64 finalizer). The builder's maps take millions of i64
+/// keys, for which std's SipHash costs more than the table lookups; the maps only translate
+/// ids to indices (their iteration order is never used), so a fixed, fast hash is enough.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let mut z = (x ^ self.0.rotate_left(31)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        self.0 = z ^ (z >> 31);
+    }
+    #[inline]
+    fn write_i64(&mut self, x: i64) {
+        self.write_u64(x as u64);
+    }
+}
+
+/// A map keyed by integer ids ([`IdHasher`]).
+pub(crate) type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
 
 /// Outcome records stored column by column.
 #[derive(Debug, Default)]
@@ -499,14 +531,16 @@ struct OutcomeColumns {
     /// Dense stratum index (in order of first appearance).
     stratum: OptionalColumn<u32>,
     stratum_ids: Vec<i64>,
-    stratum_index: HashMap<i64, u32>,
+    stratum_index: IdMap<u32>,
+    /// The last row's stratum (id, index): grouped input skips the map.
+    last_stratum: Option<(i64, u32)>,
     weight: OptionalColumn<f64>,
     start_time: OptionalColumn<f64>,
     offset: OptionalColumn<f64>,
     censor_weight: OptionalColumn<f64>,
     /// Dense cluster index (in order of first appearance); rows without one get `u32::MAX`.
     cluster: OptionalColumn<u32>,
-    cluster_index: HashMap<i64, u32>,
+    cluster_index: IdMap<u32>,
 }
 
 /// An optional outcome field: materialized (with `default` for earlier rows) once a row has it.
@@ -543,7 +577,7 @@ enum RowLookup {
     /// Row ids so far are strictly increasing: binary search.
     Increasing,
     /// Anything else.
-    Hashed(HashMap<i64, u32>),
+    Hashed(IdMap<u32>),
 }
 
 impl RowLookup {
@@ -690,7 +724,7 @@ impl DesignBuilder {
             }
             _ => {
                 // Out of order: switch to a hash map over the (distinct, increasing) ids so far.
-                let mut map: HashMap<i64, u32> = o
+                let mut map: IdMap<u32> = o
                     .row_id
                     .iter()
                     .enumerate()
@@ -705,12 +739,17 @@ impl DesignBuilder {
         o.row_id.push(rec.row_id);
         o.time.push(rec.time.unwrap_or(1.0));
         o.y.push(rec.y);
-        let stratum = rec.stratum_id.map(|id| {
-            let next = o.stratum_index.len() as u32;
-            *o.stratum_index.entry(id).or_insert_with(|| {
-                o.stratum_ids.push(id);
-                next
-            })
+        let stratum = rec.stratum_id.map(|id| match o.last_stratum {
+            Some((last, k)) if last == id => k,
+            _ => {
+                let next = o.stratum_index.len() as u32;
+                let k = *o.stratum_index.entry(id).or_insert_with(|| {
+                    o.stratum_ids.push(id);
+                    next
+                });
+                o.last_stratum = Some((id, k));
+                k
+            }
         });
         o.stratum.push(i, stratum, 0);
         o.weight.push(i, rec.weight, 1.0);
