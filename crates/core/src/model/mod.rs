@@ -244,7 +244,9 @@ pub trait Likelihood: Send {
     }
     /// A matrix at least as large as the information over `cols` (in the positive
     /// semidefinite order) and close to it, much cheaper to compute, when the likelihood has
-    /// one: the Newton matrix of the active-set polish. `None`: use the exact information.
+    /// one: the Newton matrix of the active-set polish. Symmetric, returned as its lower
+    /// triangle row by row (entry (a, b), b ≤ a, at a(a + 1)/2 + b: half the memory of the
+    /// full matrix). `None`: use the exact information.
     fn approximate_information(&mut self, _cols: &[usize]) -> Option<Vec<f64>> {
         None
     }

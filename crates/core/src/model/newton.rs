@@ -81,12 +81,14 @@ pub(crate) enum NewtonStep {
 pub(crate) struct Newton {
     last: Option<(Vec<usize>, f64)>,
     /// The Cholesky factor of the latest approximate step's matrix and its columns, reused
-    /// by the next approximate step on the same columns when that step was short.
+    /// by the next approximate step on the same columns when that step was short. Packed row
+    /// by row ([`pack_lower`]), as every matrix here: the factor and the matrix below take
+    /// one k × k matrix's memory together (the 10-fold auto CV of `examples/cv_speed.rs`
+    /// polishes up to about 900 columns in each concurrent fold).
     factor: Option<(Vec<usize>, Vec<f64>)>,
     /// The latest fresh approximate information and its (sorted) columns: after a short step
     /// that set coefficients to zero, the next step uses its rows and columns of the rest.
-    /// Kept as its lower triangle, row by row ([`pack_lower`]; the matrices are exactly
-    /// symmetric, and one that is not is not kept): half the memory of the full matrix.
+    /// Kept as its lower triangle, row by row ([`pack_lower`]).
     matrix: Option<(Vec<usize>, Vec<f64>)>,
 }
 
@@ -138,6 +140,11 @@ impl Newton {
         // fresh approximate one, the exact information.
         let short = previous.is_some_and(|p| p <= REUSE_BELOW);
         let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols) && same_cols && short;
+        if !reusable {
+            // No step below reads the previous factor: drop it before this step's matrix is
+            // formed (one matrix less at the peak).
+            self.factor = None;
+        }
         let sub = if approximate && short && !reusable {
             self.matrix
                 .as_ref()
@@ -161,43 +168,42 @@ impl Newton {
                 Source::Reused => {
                     let l = &self.factor.as_ref().expect("reusable").1;
                     let mut g = g.clone();
-                    prior_terms(priors, cols, &at, &mut g, None);
-                    let delta = cholesky_solve(l, cols.len(), &g);
+                    prior_gradient(priors, cols, &at, &mut g);
+                    let delta = solve_rows(l, cols.len(), &g, packed_start);
                     let dec2 = dot(&g, &delta).max(0.0);
                     Some((delta, dec2, None))
                 }
                 Source::Submatrix => {
-                    // This step's factor replaces the previous one: drop that first (one k × k
-                    // matrix less at the peak; when the new one cannot be formed the step falls
-                    // back to the exact information, which keeps no factor either).
-                    self.factor = None;
                     let h = sub.take().expect("submatrix");
-                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                    let (of, packed) = self.matrix.as_ref().expect("submatrix of the matrix");
+                    let again = || submatrix(of, packed, cols).expect("a submatrix");
+                    direction(priors, cols, &at, &mut g.clone(), h, again)
                 }
                 Source::Approximate | Source::Exact => {
                     let approx = if source == Source::Approximate {
+                        // Both are replaced: drop them before the new matrix is formed.
                         self.factor = None;
-                        let h = lik.approximate_information(cols);
-                        let mut sorted = cols.to_vec();
-                        sorted.sort_unstable();
-                        self.matrix = match &h {
-                            Some(h) if sorted == cols => {
-                                pack_lower(h, cols.len()).map(|packed| (sorted, packed))
-                            }
-                            _ => None,
-                        };
-                        h
+                        self.matrix = None;
+                        lik.approximate_information(cols)
                     } else {
                         None
                     };
-                    if approx.is_none() {
+                    let h = approx.unwrap_or_else(|| {
                         source = Source::Exact;
-                    }
-                    let h = approx.unwrap_or_else(|| lik.information(cols));
+                        pack_lower(&lik.information(cols), cols.len())
+                    });
                     if h.iter().any(|v| !v.is_finite()) {
                         return NewtonStep::IllConditioned;
                     }
-                    self.direction(priors, cols, &at, &mut g.clone(), h)
+                    let sorted = cols.windows(2).all(|w| w[0] <= w[1]);
+                    if source == Source::Approximate && sorted {
+                        // Kept for the next steps' submatrices; its copy is factored.
+                        let (_, h) = self.matrix.insert((cols.to_vec(), h));
+                        let h: &[f64] = h;
+                        direction(priors, cols, &at, &mut g.clone(), h.to_vec(), || h.to_vec())
+                    } else {
+                        direction(priors, cols, &at, &mut g.clone(), h.clone(), || h)
+                    }
                 }
             };
             let Some((delta, dec2, l)) = step else {
@@ -234,9 +240,8 @@ impl Newton {
                 .filter(|&(_, &j)| priors.is_unpenalized(j))
                 .unzip();
             let mut gb: Vec<f64> = idx.iter().map(|&a| g[a]).collect();
-            let h = lik.information(&block);
-            let exact = self
-                .direction(priors, &block, &at, &mut gb, h)
+            let h = pack_lower(&lik.information(&block), block.len());
+            let exact = direction(priors, &block, &at, &mut gb, h.clone(), || h)
                 .map_or(f64::INFINITY, |(_, d2, _)| d2.sqrt());
             may_converge = exact <= tolerance;
         }
@@ -246,25 +251,6 @@ impl Newton {
         self.last = Some((cols.to_vec(), dec));
         let converged = may_converge && (dec <= tolerance || at_floor);
         self.finish(lik, priors, cols, at, delta, dec2, converged)
-    }
-
-    /// The Newton direction Δ = H⁻¹G on `cols` and the squared decrement GᵀH⁻¹G, from the
-    /// log-likelihood's gradient `g` and information `h` plus the prior's terms; `None` when
-    /// the matrix cannot be factored.
-    fn direction(
-        &self,
-        priors: &PriorSet,
-        cols: &[usize],
-        at: &Point<'_>,
-        g: &mut [f64],
-        mut h: Vec<f64>,
-    ) -> Option<(Vec<f64>, f64, Option<Vec<f64>>)> {
-        let k = cols.len();
-        prior_terms(priors, cols, at, g, Some(&mut h));
-        let l = factor_owned(h, k)?;
-        let delta = cholesky_solve(&l, k, g);
-        let dec2 = dot(g, &delta).max(0.0);
-        Some((delta, dec2, Some(l)))
     }
 
     /// Take the step (module docs, items 3 and 4).
@@ -307,6 +293,35 @@ impl Newton {
     }
 }
 
+/// The Newton direction Δ = H⁻¹G on `cols` and the squared decrement GᵀH⁻¹G, from the
+/// log-likelihood's gradient `g` and information `h` (its lower triangle, packed as
+/// [`pack_lower`]) plus the prior's terms, and the factor (packed); `None` when the matrix
+/// cannot be factored. `h` is factored in place; `again` gives it once more for the
+/// Levenberg–Marquardt regularization when it is not positive definite.
+fn direction(
+    priors: &PriorSet,
+    cols: &[usize],
+    at: &Point<'_>,
+    g: &mut [f64],
+    mut h: Vec<f64>,
+    again: impl FnOnce() -> Vec<f64>,
+) -> Option<(Vec<f64>, f64, Option<Vec<f64>>)> {
+    let k = cols.len();
+    prior_gradient(priors, cols, at, g);
+    prior_diagonal(priors, cols, &mut h);
+    let l = if cholesky_in_place(&mut h, k, packed_start) {
+        h
+    } else {
+        drop(h);
+        let mut h = again();
+        prior_diagonal(priors, cols, &mut h);
+        regularized_factor(&h, k, packed_start)?
+    };
+    let delta = solve_rows(&l, k, g, packed_start);
+    let dec2 = dot(g, &delta).max(0.0);
+    Some((delta, dec2, Some(l)))
+}
+
 /// Where a Newton step's matrix comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
@@ -320,60 +335,59 @@ enum Source {
     Exact,
 }
 
-/// The lower triangle of the symmetric `k × k` matrix `h`, row by row (entry (a, b), b ≤ a, at
-/// a(a + 1)/2 + b); `None` when `h` is not exactly symmetric.
-fn pack_lower(h: &[f64], k: usize) -> Option<Vec<f64>> {
+/// The lower triangle of the `k × k` matrix `h` (row-major), row by row: entry (a, b), b ≤ a,
+/// at [`packed_start`]`(a) + b`. The Newton matrices are symmetric and factoring reads only
+/// the lower triangle: half the memory of the full matrix, and the same factor.
+fn pack_lower(h: &[f64], k: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(k * (k + 1) / 2);
     for a in 0..k {
-        for b in 0..=a {
-            if h[a * k + b].to_bits() != h[b * k + a].to_bits() {
-                return None;
-            }
-            out.push(h[a * k + b]);
-        }
+        out.extend_from_slice(&h[a * k..a * k + a + 1]);
     }
-    Some(out)
+    out
 }
 
-/// The rows and columns `cols` (full, row-major) of the symmetric matrix whose lower triangle
-/// is `packed` ([`pack_lower`], over the sorted columns `of`), when `cols` ⊆ `of`.
+/// Where row i of a lower triangle packed row by row ([`pack_lower`]) starts.
+#[inline]
+fn packed_start(i: usize) -> usize {
+    i * (i + 1) / 2
+}
+
+/// The rows and columns `cols` (packed as [`pack_lower`]) of the symmetric matrix whose lower
+/// triangle is `packed` (over the sorted columns `of`), when `cols` ⊆ `of`.
 fn submatrix(of: &[usize], packed: &[f64], cols: &[usize]) -> Option<Vec<f64>> {
     let idx: Vec<usize> = cols
         .iter()
         .map(|j| of.binary_search(j).ok())
         .collect::<Option<_>>()?;
-    let mut out = Vec::with_capacity(cols.len() * cols.len());
-    for &a in &idx {
-        for &b in &idx {
+    let mut out = Vec::with_capacity(cols.len() * (cols.len() + 1) / 2);
+    for (r, &a) in idx.iter().enumerate() {
+        for &b in &idx[..=r] {
             let (hi, lo) = (a.max(b), a.min(b));
-            out.push(packed[hi * (hi + 1) / 2 + lo]);
+            out.push(packed[packed_start(hi) + lo]);
         }
     }
     Some(out)
 }
 
-/// Add the penalty's first derivative to `g` (and its second to the diagonal of `h`).
-fn prior_terms(
-    priors: &PriorSet,
-    cols: &[usize],
-    at: &Point<'_>,
-    g: &mut [f64],
-    mut h: Option<&mut Vec<f64>>,
-) {
-    let k = cols.len();
+/// Add the penalty's first derivative to `g`.
+fn prior_gradient(priors: &PriorSet, cols: &[usize], at: &Point<'_>, g: &mut [f64]) {
     for (a, &j) in cols.iter().enumerate() {
         match priors.per_coef[j] {
             Prior::None => {}
-            Prior::Normal { variance } => {
-                g[a] -= at.beta[j] / variance;
-                if let Some(h) = h.as_deref_mut() {
-                    h[a * k + a] += 1.0 / variance;
-                }
-            }
+            Prior::Normal { variance } => g[a] -= at.beta[j] / variance,
             Prior::Laplace { lambda } => {
                 debug_assert!(at.beta[j] != 0.0, "Laplace column {j} at zero");
                 g[a] -= lambda * at.beta[j].signum();
             }
+        }
+    }
+}
+
+/// Add the penalty's second derivative to the diagonal of `h` (packed as [`pack_lower`]).
+fn prior_diagonal(priors: &PriorSet, cols: &[usize], h: &mut [f64]) {
+    for (a, &j) in cols.iter().enumerate() {
+        if let Prior::Normal { variance } = priors.per_coef[j] {
+            h[packed_start(a) + a] += 1.0 / variance;
         }
     }
 }
@@ -434,51 +448,38 @@ pub(crate) fn block_of(priors: &PriorSet, fixed: Option<&[bool]>, opts: &CcdOpti
 }
 
 /// Cholesky factor of `a` (`k×k`, row-major), or of a Levenberg–Marquardt regularization
-/// a + μ·max_a(a_aa)·Id (μ = 1e-10 … 1e1) when `a` is not positive definite.
+/// a + μ·max_a(a_aa)·Id (μ = 1e-10 … 1e1) when `a` is not positive definite. Only the lower
+/// triangle of `a` is read.
 pub(crate) fn factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
-    if let Some(l) = cholesky(a, k) {
-        return Some(l);
+    let rows = |i: usize| i * k;
+    let mut l = a.to_vec();
+    if !cholesky_in_place(&mut l, k, rows) {
+        l = regularized_factor(a, k, rows)?;
     }
-    regularized_factor(a, k)
+    clear_upper(&mut l, k);
+    Some(l)
 }
 
-/// [`factor`] of `a`, reusing its storage for the factor when `a` is exactly symmetric (the
-/// upper triangle then restores the lower one if `a` is not positive definite): one k × k
-/// matrix at a time instead of two. The same factor, bit for bit.
-pub(crate) fn factor_owned(mut a: Vec<f64>, k: usize) -> Option<Vec<f64>> {
-    let symmetric =
-        (0..k).all(|i| (0..i).all(|j| a[i * k + j].to_bits() == a[j * k + i].to_bits()));
-    if !symmetric {
-        return factor(&a, k);
-    }
-    let diagonal: Vec<f64> = (0..k).map(|i| a[i * k + i]).collect();
-    if cholesky_in_place(&mut a, k) {
-        clear_upper(&mut a, k);
-        return Some(a);
-    }
-    for i in 0..k {
-        for j in 0..i {
-            a[i * k + j] = a[j * k + i];
-        }
-        a[i * k + i] = diagonal[i];
-    }
-    regularized_factor(&a, k)
-}
-
-/// The Levenberg–Marquardt part of [`factor`].
-fn regularized_factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
+/// The Levenberg–Marquardt part of [`factor`], on the lower triangle of `a` whose row i starts
+/// at `start(i)` (full or packed), in the same layout (the entries above the diagonal of a
+/// full one as in `a`).
+fn regularized_factor(
+    a: &[f64],
+    k: usize,
+    start: impl Fn(usize) -> usize + Copy,
+) -> Option<Vec<f64>> {
     let scale = (0..k)
-        .map(|i| a[i * k + i].abs())
+        .map(|i| a[start(i) + i].abs())
         .fold(0.0, f64::max)
         .max(f64::MIN_POSITIVE);
     let mut mu = 1e-10;
     while mu <= 10.0 {
         let mut m = a.to_vec();
         for i in 0..k {
-            m[i * k + i] += mu * scale;
+            m[start(i) + i] += mu * scale;
         }
-        if let Some(l) = cholesky(&m, k) {
-            return Some(l);
+        if cholesky_in_place(&mut m, k, start) {
+            return Some(m);
         }
         mu *= 10.0;
     }
@@ -489,7 +490,7 @@ fn regularized_factor(a: &[f64], k: usize) -> Option<Vec<f64>> {
 /// definite. Only the lower triangle of `a` is read.
 pub(crate) fn cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
     let mut l = a.to_vec();
-    if !cholesky_in_place(&mut l, k) {
+    if !cholesky_in_place(&mut l, k, |i| i * k) {
         return None;
     }
     clear_upper(&mut l, k);
@@ -503,29 +504,33 @@ fn clear_upper(m: &mut [f64], k: usize) {
     }
 }
 
-/// Overwrite the lower triangle (with the diagonal) of `m` by the Cholesky factor of the
-/// matrix whose lower triangle it holds; false when that matrix is not positive definite
-/// (`m`'s lower triangle is then partly overwritten). The upper triangle is neither read nor
-/// written. Each entry a_ij is read just before L_ij takes its place, and L_ij depends only on
-/// a_ij and the entries of L left of it in rows i and j, all already computed.
-fn cholesky_in_place(m: &mut [f64], k: usize) -> bool {
+/// Overwrite the lower triangle (with the diagonal) of `m`, row i of which starts at
+/// `start(i)` (`i·k`: a full row-major matrix; [`packed_start`]: a packed lower triangle), by
+/// the Cholesky factor of the matrix whose lower triangle it holds; false when that matrix is
+/// not positive definite (`m`'s lower triangle is then partly overwritten). Nothing else is
+/// read or written, and the operations do not depend on the layout. Each entry a_ij is read
+/// just before L_ij takes its place, and L_ij depends only on a_ij and the entries of L left of
+/// it in rows i and j, all already computed.
+fn cholesky_in_place(m: &mut [f64], k: usize, start: impl Fn(usize) -> usize) -> bool {
     for i in 0..k {
-        let (done, rest) = m.split_at_mut(i * k);
-        let li = &mut rest[..k];
+        let (done, rest) = m.split_at_mut(start(i));
+        let li = &mut rest[..=i];
+        let row = |j: usize| &done[start(j)..start(j) + j];
         let mut j = 0;
         // Four entries at a time (j a multiple of 4, all left of the diagonal): their dot
         // products share the chunked part of `dot4` (the first j terms) and load row i
         // once; each keeps its own partial sums and tail, so every bit is as `dot4`'s.
         while j + 4 <= i {
-            let rows = [0, 1, 2, 3].map(|t| &done[(j + t) * k..(j + t) * k + j]);
+            let rows = [0, 1, 2, 3].map(|t| &done[start(j + t)..start(j + t) + j]);
             let acc = dot4_chunks_x4(&li[..j], rows);
             for (t, acc) in acc.iter().enumerate() {
                 let jt = j + t;
+                let row_jt = &done[start(jt)..start(jt) + jt + 1];
                 let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
                 for m in j..jt {
-                    s += li[m] * done[jt * k + m];
+                    s += li[m] * row_jt[m];
                 }
-                li[jt] = (li[jt] - s) / done[jt * k + jt];
+                li[jt] = (li[jt] - s) / row_jt[jt];
             }
             j += 4;
         }
@@ -533,7 +538,7 @@ fn cholesky_in_place(m: &mut [f64], k: usize) -> bool {
             let s = if j == i {
                 li[i] - dot4(&li[..j], &li[..j])
             } else {
-                li[j] - dot4(&li[..j], &done[j * k..j * k + j])
+                li[j] - dot4(&li[..j], row(j))
             };
             if i == j {
                 if !(s > 0.0 && s.is_finite()) {
@@ -541,7 +546,7 @@ fn cholesky_in_place(m: &mut [f64], k: usize) -> bool {
                 }
                 li[i] = s.sqrt();
             } else {
-                li[j] = s / done[j * k + j];
+                li[j] = s / done[start(j) + j];
             }
         }
     }
@@ -586,22 +591,28 @@ fn dot4(a: &[f64], b: &[f64]) -> f64 {
     s
 }
 
-/// Solve L Lᵀ x = b.
+/// Solve L Lᵀ x = b (L: `k × k`, row-major).
 pub(crate) fn cholesky_solve(l: &[f64], k: usize, b: &[f64]) -> Vec<f64> {
+    solve_rows(l, k, b, |i| i * k)
+}
+
+/// Solve L Lᵀ x = b with row i of L starting at `start(i)` (as [`cholesky_in_place`]).
+fn solve_rows(l: &[f64], k: usize, b: &[f64], start: impl Fn(usize) -> usize) -> Vec<f64> {
     let mut y = b.to_vec();
     for i in 0..k {
         let mut s = y[i];
+        let row = &l[start(i)..start(i) + i + 1];
         for m in 0..i {
-            s -= l[i * k + m] * y[m];
+            s -= row[m] * y[m];
         }
-        y[i] = s / l[i * k + i];
+        y[i] = s / row[i];
     }
     for i in (0..k).rev() {
         let mut s = y[i];
         for m in i + 1..k {
-            s -= l[m * k + i] * y[m];
+            s -= l[start(m) + i] * y[m];
         }
-        y[i] = s / l[i * k + i];
+        y[i] = s / l[start(i) + i];
     }
     y
 }
@@ -661,49 +672,53 @@ mod tests {
         }
     }
 
-    /// Factoring in place gives [`factor`]'s bits: positive definite, regularized (the lower
-    /// triangle restored from the upper one) and not symmetric (factored from a copy).
+    /// Factoring the packed lower triangle in place (regularized from a fresh copy when not
+    /// positive definite) gives [`factor`]'s bits, and so does the packed solve: positive
+    /// definite, singular and not symmetric (the upper triangle is never read).
     #[test]
-    fn owned_factor_is_the_factor() {
+    fn packed_factor_is_the_factor() {
+        let packed_factor = |a: &[f64], k: usize| {
+            let mut l = pack_lower(a, k);
+            if cholesky_in_place(&mut l, k, packed_start) {
+                Some(l)
+            } else {
+                regularized_factor(&pack_lower(a, k), k, packed_start)
+            }
+        };
         let mut unif = uniform(0x9E37_79B9_7F4A_7C15);
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for k in [1, 2, 5, 9, 31, 70] {
+            let b: Vec<f64> = (0..k).map(|_| unif()).collect();
             // Rank ≤ k/2 + 1 Gram matrices (singular for k > 2) and full-rank ones.
             for rank in [k / 2 + 1, k + 3] {
-                let b: Vec<f64> = (0..k * rank).map(|_| unif()).collect();
+                let x: Vec<f64> = (0..k * rank).map(|_| unif()).collect();
                 let mut a = vec![0.0; k * k];
                 for i in 0..k {
                     for j in 0..=i {
-                        let v = (0..rank).map(|m| b[i * rank + m] * b[j * rank + m]).sum();
+                        let v = (0..rank).map(|m| x[i * rank + m] * x[j * rank + m]).sum();
                         a[i * k + j] = v;
                         a[j * k + i] = v;
                     }
                 }
-                let want = factor(&a, k).map(|l| bits(&l));
-                assert_eq!(
-                    factor_owned(a.clone(), k).map(|l| bits(&l)),
-                    want,
-                    "k {k} rank {rank}"
-                );
-                if k > 1 {
-                    // Not symmetric: an upper entry that the factor must not read.
-                    a[1] += 1.0;
-                    let want = factor(&a, k).map(|l| bits(&l));
-                    assert_eq!(
-                        factor_owned(a, k).map(|l| bits(&l)),
-                        want,
-                        "k {k} rank {rank}"
-                    );
+                for asymmetric in [false, true] {
+                    if asymmetric && k > 1 {
+                        a[1] += 1.0;
+                    }
+                    let want = factor(&a, k).expect("regularized");
+                    let got = packed_factor(&a, k).expect("regularized");
+                    assert_eq!(bits(&got), bits(&pack_lower(&want, k)), "k {k} rank {rank}");
+                    let x = solve_rows(&got, k, &b, packed_start);
+                    assert_eq!(bits(&x), bits(&cholesky_solve(&want, k, &b)), "k {k}");
                 }
             }
         }
         // Indefinite beyond any regularization: none, as `factor`.
         let a = vec![1.0, 100.0, 100.0, 1.0];
-        assert!(factor(&a, 2).is_none() && factor_owned(a, 2).is_none());
+        assert!(factor(&a, 2).is_none() && packed_factor(&a, 2).is_none());
     }
 
-    /// A submatrix of the packed lower triangle is that of the full symmetric matrix; a matrix
-    /// that is not symmetric is not packed.
+    /// A submatrix of the packed lower triangle is that of the full symmetric matrix; only the
+    /// lower triangle is packed.
     #[test]
     fn packed_submatrix_is_the_full_one() {
         let k = 7;
@@ -716,19 +731,21 @@ mod tests {
             }
         }
         let of = [2, 3, 5, 8, 13, 21, 34];
-        let packed = pack_lower(&h, k).unwrap();
+        let packed = pack_lower(&h, k);
         assert_eq!(packed.len(), k * (k + 1) / 2);
         let cols = [21, 3, 13, 2];
         let got = submatrix(&of, &packed, &cols).unwrap();
+        assert_eq!(got.len(), 10);
         let idx = [5, 1, 4, 0];
         for (r, &a) in idx.iter().enumerate() {
-            for (c, &b) in idx.iter().enumerate() {
-                assert_eq!(got[r * 4 + c], h[a * k + b]);
+            for (c, &b) in idx.iter().enumerate().take(r + 1) {
+                assert_eq!(got[packed_start(r) + c], h[a * k + b]);
             }
         }
         assert!(submatrix(&of, &packed, &[3, 4]).is_none());
-        h[k] += 1.0;
-        assert!(pack_lower(&h, k).is_none());
+        // Only the lower triangle is packed.
+        h[1] += 1.0;
+        assert_eq!(pack_lower(&h, k), packed);
     }
 
     #[test]

@@ -1653,7 +1653,8 @@ impl RiskSetModel {
     /// start value times the segment's total weight plus every change of S1 inside it times
     /// the weight of the groups from the change on, so the cost is O(N + G + Σ_rows k_i² +
     /// segments·k²) (k_i: the row's entries among the k = `cols.len()` columns), sequential
-    /// (no dependence on threads).
+    /// (no dependence on threads). Returned as its lower triangle, row by row (entry (a, b),
+    /// b ≤ a, at a(a + 1)/2 + b): half the memory of the full matrix.
     pub(crate) fn information_segments(&mut self, cols: &[usize]) -> Vec<f64> {
         self.refresh();
         let k = cols.len();
@@ -1680,8 +1681,8 @@ impl RiskSetModel {
                 cum_cg[h + 1] = acg;
             }
         }
-        // Upper triangle (a ≤ b) only; mirrored at the end. The S2 part first: a sparse Gram
-        // matrix with the gradients' row weights.
+        // Upper triangle (a ≤ b) only, packed ([`upper_offset`]); transposed at the end. The
+        // S2 part first: a sparse Gram matrix with the gradients' row weights.
         let weights = self.row_weights();
         let mut m = gram_upper(&rows, k, &weights);
         let mut f = vec![0.0; k];
@@ -1792,14 +1793,16 @@ impl RiskSetModel {
                             for b in 0..k {
                                 let s1 = f[b] + gc * bk[b];
                                 let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
-                                m[lo * k + hi] += if a == b { 2.0 * c * s1 } else { c * s1 };
+                                m[upper_offset(k, lo) + hi - lo] +=
+                                    if a == b { 2.0 * c * s1 } else { c * s1 };
                             }
                         }
                         for &a in &e1_touched {
+                            let a = a as usize;
                             for &b in &e1_touched {
+                                let b = b as usize;
                                 if a <= b {
-                                    m[a as usize * k + b as usize] -=
-                                        z * e1[a as usize] * e1[b as usize];
+                                    m[upper_offset(k, a) + b - a] -= z * e1[a] * e1[b];
                                 }
                             }
                         }
@@ -1816,7 +1819,7 @@ impl RiskSetModel {
                             continue;
                         }
                         let c = y[a] / omega;
-                        let row = &mut m[a * k + a..(a + 1) * k];
+                        let row = &mut m[upper_offset(k, a)..upper_offset(k, a + 1)];
                         for (r, &yb) in row.iter_mut().zip(&y[a..]) {
                             *r -= c * yb;
                         }
@@ -1826,13 +1829,14 @@ impl RiskSetModel {
                 h0 = h1;
             }
         }
-        for a in 0..k {
-            for b in 0..a {
-                m[a * k + b] = m[b * k + a];
-            }
-        }
         self.row_major_cache = Some(rm);
-        m
+        // The same entries as the lower triangle, row by row (the layout of the Newton
+        // matrices, `model/newton.rs`).
+        let mut lower = Vec::with_capacity(k * (k + 1) / 2);
+        for a in 0..k {
+            lower.extend((0..=a).map(|b| m[upper_offset(k, b) + a - b]));
+        }
+        lower
     }
 
     /// Rows a0..a1 of Gram − 2P (so that (M + Mᵀ)/2 = Gram − P − Pᵀ), row-major k wide; see
@@ -2187,8 +2191,8 @@ impl SweepRows<'_> {
     }
 }
 
-/// Upper triangle (a ≤ b, row-major k × k, the rest 0) of Σ_i w_i x_i x_iᵀ over the rows of
-/// `rows`. The rows a of the result are split into blocks of about equal triangle area, one
+/// Upper triangle (a ≤ b) of Σ_i w_i x_i x_iᵀ over the rows of `rows`, packed row by row
+/// (entry (a, b) at [`upper_offset`]`(k, a) + b − a`). The rows a of the result are split into blocks of about equal triangle area, one
 /// per thread, each scanning every row; every entry is summed by the same operations in the
 /// same order (rows in order) whatever the split, so the result does not depend on the
 /// number of threads even though the split does.
@@ -2215,6 +2219,7 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
     let n = w.len();
     // Block rows a0..a1 of the result, written in place (no per-block copies to join).
     let block = |a0: usize, a1: usize, m: &mut [f64]| {
+        let start = upper_offset(k, a0);
         for (i, &c) in w.iter().enumerate().take(n) {
             let (lo, hi) = rows.range(i);
             if lo == hi || c == 0.0 {
@@ -2229,20 +2234,21 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
                     break;
                 }
                 let xa = rows.value(e) * c;
-                let base = (a - a0) * k;
+                // Row a (columns a..k); the row's entries are in column order, all ≥ a.
+                let row = &mut m[upper_offset(k, a) - start..upper_offset(k, a + 1) - start];
                 if rows.val.is_empty() {
                     for &b in &rows.col[e..hi] {
-                        m[base + b as usize] += xa;
+                        row[b as usize - a] += xa;
                     }
                 } else {
                     for e2 in e..hi {
-                        m[base + rows.col[e2] as usize] += xa * rows.val[e2];
+                        row[rows.col[e2] as usize - a] += xa * rows.val[e2];
                     }
                 }
             }
         }
     };
-    let mut m = vec![0.0; k * k];
+    let mut m = vec![0.0; k * (k + 1) / 2];
     let n_parts = bounds.len() - 1;
     if n_parts == 1 {
         block(0, k, &mut m);
@@ -2251,7 +2257,8 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
         let mut parts = Vec::with_capacity(n_parts);
         let mut rest = &mut m[..];
         for b in 0..n_parts {
-            let (part, r) = rest.split_at_mut((bounds[b + 1] - bounds[b]) * k);
+            let len = upper_offset(k, bounds[b + 1]) - upper_offset(k, bounds[b]);
+            let (part, r) = rest.split_at_mut(len);
             rest = r;
             parts.push((bounds[b], bounds[b + 1], part));
         }
@@ -2260,6 +2267,12 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
             .for_each(|(a0, a1, part)| block(a0, a1, part));
     }
     m
+}
+
+/// Where row a (columns a..k) of a packed upper triangle of a k × k matrix starts.
+#[inline]
+fn upper_offset(k: usize, a: usize) -> usize {
+    a * (2 * k + 1 - a) / 2
 }
 
 /// Most blocks of rows of [`gram_upper`].
@@ -2793,7 +2806,17 @@ pub mod test_support {
         what: &str,
     ) {
         let dense = model.information_dense(cols);
-        let bound = model.information_segments(cols);
+        // The bound is packed (its lower triangle, row by row): the full symmetric matrix.
+        let k = cols.len();
+        let packed = model.information_segments(cols);
+        assert_eq!(packed.len(), k * (k + 1) / 2);
+        let mut bound = vec![0.0; k * k];
+        for a in 0..k {
+            for b in 0..=a {
+                bound[a * k + b] = packed[a * (a + 1) / 2 + b];
+                bound[b * k + a] = packed[a * (a + 1) / 2 + b];
+            }
+        }
         assert_psd_difference(&bound, &dense, cols.len());
         for threads in 1..=3 {
             let pool = rayon::ThreadPoolBuilder::new()
