@@ -493,7 +493,7 @@ impl ConditionalPoisson {
             cols,
         };
         let beta = me.beta.clone();
-        me.set_beta(&beta);
+        me.compute_state(&beta);
         Ok(me)
     }
 
@@ -527,15 +527,10 @@ impl ConditionalPoisson {
                 nd[1] = covered.iter().fold(base[s], |acc, &e| acc + e);
             });
     }
-}
 
-impl Likelihood for ConditionalPoisson {
-    fn n_coef(&self) -> usize {
-        self.cols.len()
-    }
-
-    fn set_beta(&mut self, beta: &[f64]) {
-        assert_eq!(beta.len(), self.cols.len(), "beta has the wrong length");
+    /// Set β and compute the state from it: te_k = t_k e^{η_k} for every covered row and the
+    /// denominators.
+    fn compute_state(&mut self, beta: &[f64]) {
         self.beta.copy_from_slice(beta);
         // η in the te buffer first, then te = t·exp(η) in place.
         match &self.offset {
@@ -568,6 +563,25 @@ impl Likelihood for ConditionalPoisson {
                 }
             });
         self.recompute_denominators();
+    }
+}
+
+impl Likelihood for ConditionalPoisson {
+    fn n_coef(&self) -> usize {
+        self.cols.len()
+    }
+
+    fn set_beta(&mut self, beta: &[f64]) {
+        assert_eq!(beta.len(), self.cols.len(), "beta has the wrong length");
+        if beta == self.beta.as_slice() {
+            // The state already belongs to β (the updates since the last full computation
+            // moved it there, multiplicatively: te_k ·= e^{Δx}, relative rounding only).
+            // Re-sum the denominators from te, which bounds the drift of their additive
+            // updates (they may shrink by orders of magnitude), without the N exponentials.
+            self.recompute_denominators();
+            return;
+        }
+        self.compute_state(beta);
     }
 
     fn log_likelihood(&mut self) -> f64 {
