@@ -11,8 +11,9 @@
 //!
 //! Arguments: `outcomes` [, `covariates`] [, `options`]. A table argument is a table name or a
 //! SQL query; an argument that starts with `{` is the JSON options object (see
-//! [`crate::options`]). The inner queries are planned in `scan`; the data are collected
-//! and the model fitted in `execute`, on a blocking thread (never on a tokio worker).
+//! [`crate::options`]). The inner queries are planned in `scan`; in `execute` their batches
+//! stream into the design matrix (partition by partition, in partition order:
+//! [`stream_inputs`]) and the model is fitted, on a blocking thread (never on a tokio worker).
 
 use std::fmt;
 use std::sync::Arc;

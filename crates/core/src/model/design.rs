@@ -480,6 +480,8 @@ pub struct DesignBuilder {
     first_duplicate_row: Option<usize>,
     /// Covariate id → index into `columns`.
     column_index: IdMap<u32>,
+    /// The last entry's column (id, index): entries grouped by covariate skip the map.
+    last_column: Option<(i64, u32)>,
     columns: Vec<ColumnAcc>,
     /// Entries whose row id was unknown when pushed: (row id, covariate id, value, push number).
     pending: Vec<(i64, i64, f64, u64)>,
@@ -807,7 +809,11 @@ impl DesignBuilder {
             return;
         }
         let next = self.columns.len() as u32;
-        let k = *self.column_index.entry(covariate_id).or_insert(next);
+        let k = match self.last_column {
+            Some((id, k)) if id == covariate_id => k,
+            _ => *self.column_index.entry(covariate_id).or_insert(next),
+        };
+        self.last_column = Some((covariate_id, k));
         if k == next {
             self.columns.push(ColumnAcc {
                 id: covariate_id,
