@@ -654,12 +654,12 @@ mod tests {
         assert_eq!(child.properties().partitioning.partition_count(), 3);
         // The streamed outcomes arrive in partition order: row ids 1..=24, increasing.
         let (inputs, feeder) = crate::fit_table::stream_inputs(child, None, ctx.task_ctx());
-        let reader = tokio::task::spawn_blocking(move || {
+        let reader = datafusion::common::runtime::SpawnedTask::spawn_blocking(move || {
             let read = crate::convert::ReadOptions::default();
             inputs.design(&read).map(|x| x.rows.row_id.clone())
         });
         feeder.await.unwrap();
-        let ids = reader.await.unwrap().unwrap();
+        let ids = reader.join().await.unwrap().unwrap();
         assert_eq!(ids, (1..=24).collect::<Vec<i64>>());
         // Same fit, bit for bit, from one partition.
         let split = collect(plan, ctx.task_ctx()).await.unwrap();
