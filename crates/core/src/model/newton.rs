@@ -114,9 +114,10 @@ impl Newton {
     /// ([`Likelihood::approximate_information`]) gives the step's direction where it has one
     /// (the gradient and the objective are always exact, and step-halving still never lowers
     /// the objective: an inexact Newton iteration, which converges linearly with a small
-    /// ratio). After a short step (decrement ≤ 1) the previous matrix is used again — its
-    /// factor on the same columns, its rows and columns when the step set coefficients to
-    /// zero. When a step does not halve the decrement the matrix is recomputed (a reused one
+    /// ratio). After a short step (decrement ≤ [`REUSE_BELOW`]) the previous matrix is used
+    /// again — its factor on the same columns, its rows and columns when the step set
+    /// coefficients to zero, bordered by each new column's own curvature when a polish round
+    /// gained columns (at most half of them new: [`BORDER_FRACTION`]). When a step does not halve the decrement the matrix is recomputed (a reused one
     /// from the approximate information, an approximate one from the exact
     /// information up to 64 columns), and unpenalized coefficients are only declared
     /// converged when their own exact decrement (the block's rule) is at most `tolerance`.
