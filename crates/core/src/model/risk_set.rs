@@ -2309,15 +2309,16 @@ impl RowMajor {
         let mut lo = self.ptr[0] as usize;
         for i in 0..self.ptr.len() - 1 {
             let hi = self.ptr[i + 1] as usize;
+            // Every entry is written at `out` (≤ e: only entries already read are
+            // overwritten) and kept by advancing `out`: no branch on the random pattern of
+            // kept entries.
             for e in lo..hi {
                 let a = map[self.col[e] as usize];
-                if a != u32::MAX {
-                    self.col[out] = a as u16;
-                    if has_val {
-                        self.val[out] = self.val[e];
-                    }
-                    out += 1;
+                self.col[out] = a as u16;
+                if has_val {
+                    self.val[out] = self.val[e];
                 }
+                out += usize::from(a != u32::MAX);
             }
             lo = hi;
             self.ptr[i + 1] = out as u32;
