@@ -50,7 +50,9 @@
 //!   cycles again) and the polish follows. The Newton matrix is the likelihood's cheap upper bound
 //!   Ĥ ≽ I of the information ([`Likelihood::approximate_information`]; for Cox and
 //!   Fine–Gray the risk sets' mean covariate vector averaged over segments of event times),
-//!   and after a short step (decrement ≤ 1) the previous step's factor. The gradient and the
+//!   and after a short step (decrement ≤ 10, `newton::REUSE_BELOW`) the previous step's
+//!   factor, or, when a polish round gains columns (at most half of them new), the previous
+//!   matrix bordered with the new columns' own curvature on the diagonal. The gradient and the
 //!   objective are always exact and step-halving never lowers the objective, so this is an
 //!   inexact Newton iteration on a smooth function (signs fixed), which converges linearly
 //!   with the ratio ‖I − Ĥ⁻¹I‖ (about 0.02 on the DESIGN §10 data); when a step does not
