@@ -7,10 +7,10 @@
 //!
 //! `cargo run -p epifusion-core --release --example risk_set_speed -- [cox|fine_gray] [N] [threads] [reps]`
 
-use std::time::Instant;
+mod common;
 
-use epifusion_core::bench::{cox_data, cpu_seconds, fine_gray_data};
-use epifusion_core::model::ccd::{fit, scaled_violation, CcdOptions};
+use epifusion_core::bench::{cox_data, fine_gray_data};
+use epifusion_core::model::ccd::CcdOptions;
 use epifusion_core::model::prior::{Prior, PriorSet};
 use epifusion_core::model::{cpu_likelihood, LikelihoodOptions, ModelKind};
 
@@ -49,35 +49,22 @@ fn main() {
                 active_newton,
                 ..CcdOptions::fit_default()
             };
-            let (cpu0, t0) = (cpu_seconds().unwrap_or(0.0), Instant::now());
-            let r = pool
-                .install(|| fit(lik.as_mut(), &priors, &vec![0.0; p], None, &opts))
-                .expect("fit");
-            let (cpu, wall) = (
-                cpu_seconds().unwrap_or(0.0) - cpu0,
-                t0.elapsed().as_secs_f64(),
-            );
-            lik.set_beta(&r.beta);
-            let worst = (0..p)
-                .map(|j| {
-                    let (g, h) = lik.gradient_hessian(j);
-                    scaled_violation(priors.per_coef[j], r.beta[j], g, h)
-                })
-                .fold(0.0f64, f64::max);
-            let l1: f64 = r.beta.iter().map(|b| b.abs()).sum();
-            let nz = r.beta.iter().filter(|b| **b != 0.0).count();
+            let t = common::timed_fit(&pool, lik.as_mut(), &priors, &opts);
             // A fingerprint of the coefficients' bits (thread-count independence).
-            let bits = r
+            let bits = t
+                .result
                 .beta
                 .iter()
                 .fold(0u64, |h, b| h.rotate_left(5) ^ b.to_bits());
             println!(
-                "{} N={n} threads={threads} rep={rep} {:<14} cpu {cpu:.3} s wall {wall:.3} s  {} it {}  objective {:.6}  nonzero {nz}  max scaled KKT {worst:.1e}  β bits {bits:016x}",
+                "{} N={n} threads={threads} rep={rep} {:<14} {}  β bits {bits:016x}",
                 model.name(),
-                if active_newton { "active-newton" } else { "classic" },
-                r.iterations,
-                r.status.name(),
-                r.log_likelihood - lambda * l1,
+                if active_newton {
+                    "active-newton"
+                } else {
+                    "classic"
+                },
+                t.summary(lambda),
             );
         }
     }

@@ -4,10 +4,10 @@
 //!
 //! `cargo run -p epifusion-core --release --example sccs_speed -- [cases] [threads] [reps]`
 
-use std::time::Instant;
+mod common;
 
 use epifusion_core::bench::{cpu_seconds, sccs_data};
-use epifusion_core::model::ccd::{fit, scaled_violation, CcdOptions, Convergence};
+use epifusion_core::model::ccd::{CcdOptions, Convergence};
 use epifusion_core::model::prior::{Prior, PriorSet};
 use epifusion_core::model::{cpu_likelihood, LikelihoodOptions, ModelKind};
 
@@ -42,29 +42,11 @@ fn main() {
                 convergence: rule,
                 ..CcdOptions::fit_default()
             };
-            let (cpu0, t0) = (cpu_seconds().unwrap_or(0.0), Instant::now());
-            let r = pool
-                .install(|| fit(lik.as_mut(), &priors, &vec![0.0; p], None, &opts))
-                .expect("fit");
-            let (cpu, wall) = (
-                cpu_seconds().unwrap_or(0.0) - cpu0,
-                t0.elapsed().as_secs_f64(),
-            );
-            lik.set_beta(&r.beta);
-            let worst = (0..p)
-                .map(|j| {
-                    let (g, h) = lik.gradient_hessian(j);
-                    scaled_violation(priors.per_coef[j], r.beta[j], g, h)
-                })
-                .fold(0.0f64, f64::max);
-            let l1: f64 = r.beta.iter().map(|b| b.abs()).sum();
-            let nz = r.beta.iter().filter(|b| **b != 0.0).count();
+            let t = common::timed_fit(&pool, lik.as_mut(), &priors, &opts);
             println!(
-                "sccs cases={n} threads={threads} rep={rep} {:<11} cpu {cpu:.3} s wall {wall:.3} s  {} it {}  objective {:.6}  nonzero {nz}  max scaled KKT {worst:.1e}",
+                "sccs cases={n} threads={threads} rep={rep} {:<11} {}",
                 rule.name(),
-                r.iterations,
-                r.status.name(),
-                r.log_likelihood - lambda * l1,
+                t.summary(lambda)
             );
         }
     }
