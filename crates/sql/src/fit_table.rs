@@ -33,7 +33,7 @@ use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::future::BoxFuture;
 
@@ -444,7 +444,7 @@ impl InputTable {
 
 /// The inputs of a table function: the outcome (or wide) table and, in the long format, the
 /// covariate table — collected in memory, or streamed from their plans ([`stream_inputs`]).
-pub struct CollectedInputs {
+pub struct TableInputs {
     outcomes: InputTable,
     covariates: Option<InputTable>,
 }
@@ -463,7 +463,7 @@ pub fn stream_inputs(
     outcomes: Arc<dyn ExecutionPlan>,
     covariates: Option<Arc<dyn ExecutionPlan>>,
     context: Arc<TaskContext>,
-) -> (CollectedInputs, BoxFuture<'static, DfResult<()>>) {
+) -> (TableInputs, BoxFuture<'static, DfResult<()>>) {
     use futures::StreamExt;
     let (tx_o, rx_o) = tokio::sync::mpsc::channel(STREAM_BUFFER);
     let inputs_o = InputTable::Stream(outcomes.schema(), rx_o);
@@ -512,7 +512,7 @@ pub fn stream_inputs(
         Ok(())
     };
     (
-        CollectedInputs {
+        TableInputs {
             outcomes: inputs_o,
             covariates: cov,
         },
@@ -528,7 +528,7 @@ pub async fn with_streamed_inputs<T: Send + 'static>(
     outcomes: Arc<dyn ExecutionPlan>,
     covariates: Option<Arc<dyn ExecutionPlan>>,
     context: Arc<TaskContext>,
-    work: impl FnOnce(CollectedInputs) -> epifusion_core::Result<T> + Send + 'static,
+    work: impl FnOnce(TableInputs) -> epifusion_core::Result<T> + Send + 'static,
 ) -> DfResult<T> {
     let (inputs, feeder) = stream_inputs(outcomes, covariates, context);
     let (result, fed) = futures::join!(run_blocking(what, move || work(inputs)), feeder);
@@ -536,28 +536,7 @@ pub async fn with_streamed_inputs<T: Send + 'static>(
     result
 }
 
-impl CollectedInputs {
-    /// Run the input plans to completion.
-    pub async fn collect(
-        outcomes: Arc<dyn ExecutionPlan>,
-        covariates: Option<Arc<dyn ExecutionPlan>>,
-        context: Arc<TaskContext>,
-    ) -> DfResult<Self> {
-        let schema = outcomes.schema();
-        let outcomes = InputTable::Batches(schema, collect(outcomes, context.clone()).await?);
-        let covariates = match covariates {
-            Some(plan) => Some(InputTable::Batches(
-                plan.schema(),
-                collect(plan, context).await?,
-            )),
-            None => None,
-        };
-        Ok(CollectedInputs {
-            outcomes,
-            covariates,
-        })
-    }
-
+impl TableInputs {
     /// Build the design matrix (long format when covariates were given, else wide).
     pub fn design(
         self,
@@ -654,7 +633,7 @@ pub async fn fit_batches(
         options,
         table,
     } = FitWork::parse(function, model, options_json)?;
-    let inputs = CollectedInputs {
+    let inputs = TableInputs {
         outcomes: InputTable::Batches(outcomes.0, outcomes.1),
         covariates: covariates.map(|(schema, batches)| InputTable::Batches(schema, batches)),
     };
@@ -666,7 +645,7 @@ async fn fit_collected(
     model: ModelKind,
     mut options: FitOptions,
     table: ResultTable,
-    inputs: CollectedInputs,
+    inputs: TableInputs,
 ) -> DfResult<FitOutput> {
     let _cancel_on_drop = cancel_on_drop(&mut options);
     run_blocking("fit", move || fit_inputs(model, &options, table, inputs)).await
@@ -686,7 +665,7 @@ fn fit_inputs(
     model: ModelKind,
     options: &FitOptions,
     table: ResultTable,
-    inputs: CollectedInputs,
+    inputs: TableInputs,
 ) -> epifusion_core::Result<FitOutput> {
     let read = ReadOptions {
         require_time: model.needs_time(),
