@@ -168,8 +168,9 @@ impl PsSettings {
         Ok(())
     }
 
-    /// The engine options of the fit.
-    fn fit_options(&self) -> FitOptions {
+    /// The fit options [`fit_propensity`] fits the design with (logistic, Laplace prior, auto
+    /// cross-validation unless `variance` is fixed).
+    pub fn fit_options(&self) -> FitOptions {
         let mut o = FitOptions::new(ModelKind::Logistic);
         let v = self.variance.unwrap_or(self.starting_variance);
         o.prior = Prior::Laplace {
