@@ -130,6 +130,24 @@ impl Newton {
         tolerance: f64,
         approximate: bool,
     ) -> NewtonStep {
+        let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
+        let previous = self.last.as_ref().map(|(_, p)| *p);
+        // The matrix of the step, cheapest first: the previous approximate step's factor
+        // (same columns, and that step was short: the information has hardly changed), a
+        // fresh approximate one, the exact information.
+        let short = previous.is_some_and(|p| p <= REUSE_BELOW);
+        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols) && same_cols && short;
+        // What this step cannot read is dropped before the gradients' row weights and this
+        // step's matrix are formed (fewer matrices at the peak; the worker's memory is then
+        // the view, the matrices it still needs and the step's own buffers): the previous
+        // factor unless it is reused, and the previous matrix unless a short approximate
+        // step may take its rows and columns (every other step forms a fresh one).
+        if !reusable {
+            self.factor = None;
+        }
+        if !(approximate && short) {
+            self.matrix = None;
+        }
         let g: Vec<f64> = if approximate {
             lik.gradients(cols)
         } else {
@@ -140,18 +158,6 @@ impl Newton {
         }
         let has_unpenalized = cols.iter().any(|&j| priors.is_unpenalized(j));
         let noise = NOISE_ULPS * f64::EPSILON * (1.0 + at.obj.abs());
-        let same_cols = self.last.as_ref().is_some_and(|(c, _)| c == cols);
-        let previous = self.last.as_ref().map(|(_, p)| *p);
-        // The matrix of the step, cheapest first: the previous approximate step's factor
-        // (same columns, and that step was short: the information has hardly changed), a
-        // fresh approximate one, the exact information.
-        let short = previous.is_some_and(|p| p <= REUSE_BELOW);
-        let reusable = self.factor.as_ref().is_some_and(|(c, _)| c == cols) && same_cols && short;
-        if !reusable {
-            // No step below reads the previous factor: drop it before this step's matrix is
-            // formed (one matrix less at the peak).
-            self.factor = None;
-        }
         // Columns the latest approximate matrix lacks (a polish round that gained
         // coefficients): their rows and columns are their own curvature on the diagonal. The
         // bordered matrix (sorted columns) replaces the latest one, so that the next steps

@@ -1685,6 +1685,7 @@ impl RiskSetModel {
         // S2 part first: a sparse Gram matrix with the gradients' row weights.
         let weights = self.row_weights();
         let mut m = gram_upper(&rows, k, &weights);
+        drop(weights);
         let mut f = vec![0.0; k];
         let mut bk = vec![0.0; k];
         let mut y = vec![0.0; k];
@@ -1831,12 +1832,9 @@ impl RiskSetModel {
         }
         self.row_major_cache = Some(rm);
         // The same entries as the lower triangle, row by row (the layout of the Newton
-        // matrices, `model/newton.rs`).
-        let mut lower = Vec::with_capacity(k * (k + 1) / 2);
-        for a in 0..k {
-            lower.extend((0..=a).map(|b| m[upper_offset(k, b) + a - b]));
-        }
-        lower
+        // matrices, `model/newton.rs`), moved in place: no second matrix.
+        upper_to_lower_in_place(&mut m, k);
+        m
     }
 
     /// Rows a0..a1 of Gram − 2P (so that (M + Mᵀ)/2 = Gram − P − Pᵀ), row-major k wide; see
@@ -2273,6 +2271,50 @@ fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
 #[inline]
 fn upper_offset(k: usize, a: usize) -> usize {
     a * (2 * k + 1 - a) / 2
+}
+
+/// Rearrange the packed upper triangle `m` of a symmetric k × k matrix ([`upper_offset`]) into
+/// its packed lower triangle, row by row (entry (a, b), b ≤ a, at a(a + 1)/2 + b), in place:
+/// each entry moves along the cycles of the permutation (a bit per entry marks those placed).
+/// The values are only moved, never computed.
+fn upper_to_lower_in_place(m: &mut [f64], k: usize) {
+    let n = k * (k + 1) / 2;
+    debug_assert_eq!(m.len(), n);
+    // Entry (a, b), a ≤ b, at upper position p: its lower position b(b + 1)/2 + a.
+    let target = |p: usize| {
+        // The row a of p: the largest a with upper_offset(k, a) ≤ p (a root of
+        // a² − (2k + 1)a + 2p = 0, corrected for rounding).
+        let w = (2 * k + 1) as f64;
+        let mut a = ((w - (w * w - 8.0 * p as f64).max(0.0).sqrt()) / 2.0) as usize;
+        a = a.min(k - 1);
+        while upper_offset(k, a) > p {
+            a -= 1;
+        }
+        while upper_offset(k, a + 1) <= p {
+            a += 1;
+        }
+        let b = a + p - upper_offset(k, a);
+        b * (b + 1) / 2 + a
+    };
+    let mut placed = vec![0u64; n.div_ceil(64)];
+    for start in 0..n {
+        if placed[start / 64] >> (start % 64) & 1 == 1 {
+            continue;
+        }
+        // Carry the entry at `start` to its place, pick up the one there, and so on until
+        // the cycle closes at `start`.
+        let mut carried = m[start];
+        let mut p = start;
+        loop {
+            let q = target(p);
+            placed[q / 64] |= 1 << (q % 64);
+            std::mem::swap(&mut carried, &mut m[q]);
+            if q == start {
+                break;
+            }
+            p = q;
+        }
+    }
 }
 
 /// Most blocks of rows of [`gram_upper`].
@@ -2969,5 +3011,26 @@ pub mod test_support {
         lik.update(0, -0.25);
         lik.set_beta(&beta);
         assert_eq!(state(lik), first, "{what}: set_beta after updates");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place rearrangement puts every entry where the plain copy into the lower
+    /// triangle does (distinct values: any misplaced entry shows).
+    #[test]
+    fn upper_to_lower_in_place_is_the_copy() {
+        for k in (0..=70).chain([97, 256, 901]) {
+            let upper: Vec<f64> = (0..k * (k + 1) / 2).map(|p| p as f64 + 0.5).collect();
+            let mut copy = Vec::with_capacity(upper.len());
+            for a in 0..k {
+                copy.extend((0..=a).map(|b| upper[upper_offset(k, b) + a - b]));
+            }
+            let mut moved = upper.clone();
+            upper_to_lower_in_place(&mut moved, k);
+            assert_eq!(moved, copy, "k = {k}");
+        }
     }
 }
