@@ -12,7 +12,7 @@
 //! xoshiro256**), so the data depend only on the seed.
 
 use crate::error::{Error, Result};
-use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows};
+use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows, Strata};
 
 pub use crate::model::rng::Rng;
 
@@ -110,12 +110,12 @@ fn unstratified_rows(time: Vec<f64>, y: Vec<f64>) -> Rows {
     let n = time.len();
     Rows {
         row_id: (1..=n as i64).collect(),
-        stratum: vec![0; n],
+        stratum: Strata::single(n),
         stratum_ids: vec![0],
         has_strata: false,
-        time,
+        time: time.into(),
         start_time: None,
-        y,
+        y: y.into(),
         weight: None,
         offset: None,
         censor_weight: None,
@@ -318,12 +318,12 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
     }
     let rows = Rows {
         row_id: (1..=n as i64).collect(),
-        stratum,
+        stratum: stratum.into(),
         stratum_ids: (1..=cases as i64).collect(),
         has_strata: true,
-        time,
+        time: time.into(),
         start_time: None,
-        y,
+        y: y.into(),
         weight: None,
         offset: None,
         censor_weight: None,

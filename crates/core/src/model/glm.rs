@@ -80,9 +80,12 @@ impl RowGlm {
 
     fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_ids = r.row_id.as_i64();
         let n = x.n_rows();
         for i in 0..n {
-            let (y, t) = (r.y[i], r.time[i]);
+            let (y, t) = (row_y[i], row_time[i]);
             let message = match family {
                 Family::Logistic if !(0.0..=1.0).contains(&y) => {
                     Some(("y", format!("must be 0 or 1 for logistic (got {y})")))
@@ -98,30 +101,30 @@ impl RowGlm {
             if let Some((column, message)) = message {
                 return Err(Error::BadValue {
                     row: i,
-                    row_id: r.row_id[i],
+                    row_id: row_ids[i],
                     column: column.into(),
                     message,
                 });
             }
         }
         let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_unstable_by_key(|&i| r.row_id[i as usize]);
+        order.sort_unstable_by_key(|&i| row_ids[i as usize]);
         let mut pos_of_row = vec![DROPPED; n];
         for (p, &i) in order.iter().enumerate() {
             pos_of_row[i as usize] = p as u32;
         }
         let permute = |v: &[f64]| order.iter().map(|&i| v[i as usize]).collect::<Vec<f64>>();
         let cols = cols.map(|c| {
-            let (pos, val) = internal_entries(c, &pos_of_row);
+            let (pos, val) = internal_entries(c, |i| pos_of_row[i]);
             GlmColumn { pos, val }
         });
         let mut me = RowGlm {
             family,
             w: r.weight.as_deref().map(permute),
-            y: permute(&r.y),
+            y: permute(&r.y.as_f64()),
             t: match family {
                 Family::Logistic => vec![1.0; n],
-                Family::Poisson => permute(&r.time),
+                Family::Poisson => permute(&r.time.as_f64()),
             },
             offset: r.offset.as_deref().map(permute),
             eta: vec![0.0; n],
