@@ -83,9 +83,12 @@ fn main() {
     let r = fit_owned(design, &opts).expect("fit");
     let cpu_fit = cpu_seconds().unwrap_or(0.0) - cpu1;
     let l1: f64 = r.coefficients.iter().map(|c| c.estimate.abs()).sum();
-    let fingerprint = r.coefficients.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
-        (h ^ c.estimate.to_bits()).wrapping_mul(0x0100_0000_01b3)
-    });
+    let fingerprint = r
+        .coefficients
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+            (h ^ c.estimate.to_bits()).wrapping_mul(0x0100_0000_01b3)
+        });
     println!(
         "setup+fit cpu_s {cpu_fit:.2} (fit {:.3} s wall) cycles {} nonzero {} ll {:.6} objective {:.6} beta_fnv {fingerprint:016x}",
         r.fit_seconds,

@@ -414,8 +414,8 @@ mod tests {
         for c in &x.columns {
             assert!(c.rows.windows(2).all(|w| w[0] < w[1]));
         }
-        assert!(x.rows.time.iter().all(|&t| t > 0.0 && t <= 1.0));
-        assert!(x.rows.y.iter().all(|&y| y == 0.0 || y == 1.0));
+        assert!(x.rows.time.iter().all(|t| t > 0.0 && t <= 1.0));
+        assert!(x.rows.y.iter().all(|y| y == 0.0 || y == 1.0));
         let events: f64 = x.rows.y.iter().sum();
         assert!(events > 1000.0 && events < 19_000.0);
         // Same seed → same data.
@@ -429,10 +429,10 @@ mod tests {
         let d = fine_gray_data(20_000, 50, 0.05, 3).unwrap();
         let y = &d.design.rows.y;
         for cause in [0.0, 1.0, 2.0] {
-            let k = y.iter().filter(|&&v| v == cause).count();
+            let k = y.iter().filter(|&v| v == cause).count();
             assert!(k > 1000, "cause {cause}: {k}");
         }
-        assert!(d.design.rows.time.iter().all(|&t| t > 0.0 && t <= 1.0));
+        assert!(d.design.rows.time.iter().all(|t| t > 0.0 && t <= 1.0));
     }
 
     #[test]
@@ -449,8 +449,8 @@ mod tests {
         );
         // Observation 365–3650 days per case.
         let mut days = vec![0.0; 2000];
-        for (i, &s) in x.rows.stratum.iter().enumerate() {
-            days[s as usize] += x.rows.time[i];
+        for (i, s) in x.rows.stratum.iter().enumerate() {
+            days[s as usize] += x.rows.time.get(i);
         }
         assert!(days.iter().all(|&d| (365.0..=3650.0).contains(&d)));
         // Common drugs are common.

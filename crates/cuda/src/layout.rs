@@ -518,8 +518,13 @@ mod tests {
                 ModelKind::Cox
             };
             let l = RiskSetLayout::build(&x, kind).unwrap();
-            let censor =
-                fine_gray.then(|| censoring_weights(&x.rows.time.as_f64(), &x.rows.y.as_f64(), &x.rows.stratum.as_u32()));
+            let censor = fine_gray.then(|| {
+                censoring_weights(
+                    &x.rows.time.as_f64(),
+                    &x.rows.y.as_f64(),
+                    &x.rows.stratum.as_u32(),
+                )
+            });
             let beta = [0.3, -0.2, 0.5, -0.4];
             for ties in [Ties::Breslow, Ties::Efron] {
                 let (ll, grad, info) = brute(&x, &beta, ties, censor.as_deref());

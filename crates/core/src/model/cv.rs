@@ -468,7 +468,11 @@ impl SharedFolds {
             (RiskSetKind::Cox, _) => None,
             (_, Some(c)) => Some(&c[..]),
             (_, None) => {
-                computed = censoring_weights(&x.rows.time.as_f64(), &x.rows.y.as_f64(), &x.rows.stratum.as_u32());
+                computed = censoring_weights(
+                    &x.rows.time.as_f64(),
+                    &x.rows.y.as_f64(),
+                    &x.rows.stratum.as_u32(),
+                );
                 Some(&computed[..])
             }
         };
@@ -536,7 +540,11 @@ fn fold_censoring(x: &DesignMatrix, fold_of: &[u32], fold: u32, test: bool) -> V
         .collect();
     let pick = |v: &[f64]| -> Vec<f64> { rows.iter().map(|&i| v[i]).collect() };
     let stratum: Vec<u32> = rows.iter().map(|&i| x.rows.stratum.get(i)).collect();
-    let g = censoring_weights(&pick(&x.rows.time.as_f64()), &pick(&x.rows.y.as_f64()), &stratum);
+    let g = censoring_weights(
+        &pick(&x.rows.time.as_f64()),
+        &pick(&x.rows.y.as_f64()),
+        &stratum,
+    );
     let mut out = vec![1.0; x.n_rows()];
     for (&i, &v) in rows.iter().zip(&g) {
         out[i] = v;

@@ -421,6 +421,12 @@ impl<'a> ColumnSource<'a> {
             })
             .collect()
     }
+    /// [`Self::par_map`] with each column handed over (owned or borrowed), so that `f` can
+    /// reuse an owned column's storage.
+    pub fn par_map_owned<T: Send>(self, f: impl Fn(Cow<'a, Column>) -> T + Sync + Send) -> Vec<T> {
+        use rayon::prelude::*;
+        self.0.into_par_iter().map(f).collect()
+    }
     /// [`Self::par_map`] on the calling thread only.
     pub fn map<T>(self, mut f: impl FnMut(&Column) -> T) -> Vec<T> {
         self.0.into_iter().map(|c| f(&c)).collect()

@@ -16,6 +16,8 @@
 //! column sums are formed in fixed chunks added in order, so results depend neither on the
 //! input row order nor on the number of threads.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use super::design::{ColumnSource, DesignMatrix};
@@ -115,7 +117,7 @@ impl RowGlm {
         }
         let permute = |v: &[f64]| order.iter().map(|&i| v[i as usize]).collect::<Vec<f64>>();
         let cols = cols.map(|c| {
-            let (pos, val) = internal_entries(c, |i| pos_of_row[i]);
+            let (pos, val) = internal_entries(Cow::Borrowed(c), |i| pos_of_row[i]);
             GlmColumn { pos, val }
         });
         let mut me = RowGlm {
@@ -420,13 +422,13 @@ mod tests {
                         (m, m * (1.0 - m))
                     }
                     Family::Poisson => {
-                        let m = x.rows.time[i] * eta.exp();
+                        let m = x.rows.time.get(i) * eta.exp();
                         (m, m)
                     }
                 };
                 let w = x.weight(i);
                 for a in 0..p {
-                    g[a] += w * dense[a][i] * (x.rows.y[i] - mu);
+                    g[a] += w * dense[a][i] * (x.rows.y.get(i) - mu);
                     for b in 0..p {
                         hm[a * p + b] += w * v * dense[a][i] * dense[b][i];
                     }
@@ -603,8 +605,8 @@ mod tests {
         let mut sums = vec![0.0; 50];
         for i in 0..x.n_rows() {
             let eta = dense[0][i] * beta[0] + dense[1][i] * beta[1];
-            sums[x.rows.stratum[i] as usize] += eta.exp();
-            ll += x.rows.y[i] * eta;
+            sums[x.rows.stratum.get(i) as usize] += eta.exp();
+            ll += x.rows.y.get(i) * eta;
         }
         ll -= sums.iter().map(|d| d.ln()).sum::<f64>();
         assert!((clr.log_likelihood() - ll).abs() < 1e-10);
@@ -626,9 +628,9 @@ mod tests {
         let mut b = DesignBuilder::new();
         for &i in &rows {
             b.push_outcome(OutcomeRecord {
-                row_id: x.rows.row_id[i],
-                time: Some(x.rows.time[i]),
-                y: x.rows.y[i],
+                row_id: x.rows.row_id.get(i),
+                time: Some(x.rows.time.get(i)),
+                y: x.rows.y.get(i),
                 weight: Some(x.weight(i)),
                 offset: Some(x.offset(i)),
                 ..Default::default()
@@ -636,7 +638,7 @@ mod tests {
         }
         for c in &x.columns[1..] {
             for (i, v) in c.entries() {
-                b.push_covariate(x.rows.row_id[i], c.id, v);
+                b.push_covariate(x.rows.row_id.get(i), c.id, v);
             }
         }
         let reversed = b.build().unwrap().with_intercept();

@@ -69,8 +69,8 @@ pub mod registry;
 pub mod risk_set;
 pub mod rng;
 pub mod robust;
-pub mod row_values;
 pub(crate) mod row_blocks;
+pub mod row_values;
 pub mod sccs;
 pub mod stepper;
 

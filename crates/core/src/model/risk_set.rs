@@ -308,7 +308,11 @@ impl RiskSetModel {
                 }
             }
         }
-        let n_strata = row_stratum.iter().map(|&s| s as usize + 1).max().unwrap_or(1);
+        let n_strata = row_stratum
+            .iter()
+            .map(|&s| s as usize + 1)
+            .max()
+            .unwrap_or(1);
         // Internal stratum index = rank of the caller's stratum id, so that the order does not
         // depend on the order in which strata first appear in the input.
         let stratum_rank: Vec<u32> = {

@@ -98,7 +98,10 @@ pub fn influence(
             let r = &x.rows;
             let (g, supplied) = match &r.censor_weight {
                 Some(g) => (g.clone(), true),
-                None => (censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()), false),
+                None => (
+                    censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()),
+                    false,
+                ),
             };
             let c = Censoring {
                 g,
@@ -556,7 +559,11 @@ mod tests {
                 let supplied = [false, kind == ModelKind::FineGray];
                 for supply in supplied {
                     if supply {
-                        let g = censoring_weights(&x.rows.time.as_f64(), &x.rows.y.as_f64(), &x.rows.stratum.as_u32());
+                        let g = censoring_weights(
+                            &x.rows.time.as_f64(),
+                            &x.rows.y.as_f64(),
+                            &x.rows.stratum.as_u32(),
+                        );
                         // Any non-increasing function of time per stratum will do.
                         x.rows.censor_weight = Some(g.iter().map(|v| 0.9 * v).collect());
                     }

@@ -75,6 +75,21 @@ impl Values {
         Self::default()
     }
 
+    /// An empty store with room for `n` values (kept when it widens).
+    pub fn with_capacity(n: usize) -> Self {
+        Values::U8(Vec::with_capacity(n))
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Values::U8(v) => v.capacity(),
+            Values::U16(v) => v.capacity(),
+            Values::U32(v) => v.capacity(),
+            Values::F32(v) => v.capacity(),
+            Values::F64(v) => v.capacity(),
+        }
+    }
+
     fn form(&self) -> Form {
         match self {
             Values::U8(_) => Form::U8,
@@ -166,8 +181,8 @@ impl Values {
             .find(|f| f.contains(current) && f.holds(v))
             .unwrap_or(Form::F64);
         let n = self.len();
-        // Room for the growth the caller is pushing towards.
-        let cap = n + n / 4 + 16;
+        // The room reserved, or for the growth the caller is pushing towards.
+        let cap = self.capacity().max(n + n / 4 + 16);
         let old = std::mem::take(self);
         *self = match form {
             Form::U8 => unreachable!("never a widening"),

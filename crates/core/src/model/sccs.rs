@@ -68,17 +68,21 @@ pub(crate) const DROPPED: u32 = u32::MAX;
 
 /// A column's entries in internal row order: positions and values (`None`: all values are 1).
 /// `pos_of_row(i)` is the internal position of input row `i`, or [`DROPPED`].
+/// An owned indicator column is converted in place: its row indices become the positions.
 pub(crate) fn internal_entries(
-    col: &Column,
+    col: Cow<'_, Column>,
     pos_of_row: impl Fn(usize) -> u32,
 ) -> (Vec<u32>, Option<Vec<f64>>) {
     if col.format == ColumnFormat::Indicator {
-        let mut pos: Vec<u32> = col
-            .rows
-            .iter()
-            .map(|&i| pos_of_row(i as usize))
-            .filter(|&p| p != DROPPED)
-            .collect();
+        let mut pos = match col {
+            Cow::Owned(c) => c.rows,
+            Cow::Borrowed(c) => c.rows.clone(),
+        };
+        for p in pos.iter_mut() {
+            *p = pos_of_row(*p as usize);
+        }
+        pos.retain(|&p| p != DROPPED);
+        pos.shrink_to_fit();
         if !pos.windows(2).all(|w| w[0] < w[1]) {
             pos.sort_unstable();
         }
@@ -184,6 +188,8 @@ impl StratumColumn {
         }
         run_start.push(pos.len() as u32);
         chunk_start.push(run_stratum.len() as u32);
+        run_start.shrink_to_fit();
+        run_stratum.shrink_to_fit();
         StratumColumn {
             pos,
             val,
@@ -335,6 +341,10 @@ impl RowSet {
     #[inline]
     fn insert(&mut self, i: usize) {
         self.bits[i / 64] |= 1 << (i % 64);
+    }
+    /// Number of members.
+    fn len(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
     }
     #[inline]
     fn contains(&self, i: usize) -> bool {
@@ -507,11 +517,13 @@ impl ConditionalPoisson {
         } else {
             vec![DROPPED; n_rows]
         };
-        let mut t = Values::new();
-        let mut y = Values::new();
-        let mut stratum_start = Vec::new();
-        let mut base = Vec::new();
-        let mut n = Vec::new();
+        // At most the covered rows and the input strata (sized up front: no growth slack).
+        let most_rows = covered.len();
+        let mut t = Values::with_capacity(most_rows);
+        let mut y = Values::with_capacity(most_rows);
+        let mut stratum_start = Vec::with_capacity(n_input_strata + 1);
+        let mut base = Vec::with_capacity(n_input_strata);
+        let mut n = Vec::with_capacity(n_input_strata);
         let mut offset = r.offset.as_ref().map(|_| Vec::new());
         let mut y_offset = 0.0;
         let mut last_stratum = u32::MAX;
@@ -545,7 +557,7 @@ impl ConditionalPoisson {
             }
         }
         stratum_start.push(t.len() as u32);
-        drop(covered);
+        drop((covered, sorted_kept, n_in));
         t.shrink_to_fit();
         if let Some(o) = offset.as_mut() {
             o.shrink_to_fit();
@@ -562,7 +574,7 @@ impl ConditionalPoisson {
             }
         };
         // Columns are independent: convert them in parallel (each result is deterministic).
-        let cols = cols.par_map(|c| {
+        let cols = cols.par_map_owned(|c| {
             let (pos, val) = internal_entries(c, pos_of_row);
             StratumColumn::new(pos, val, &stratum_start, &y)
         });
@@ -899,10 +911,10 @@ mod tests {
         let mut ll = 0.0;
         for i in 0..x.n_rows() {
             let eta: f64 = x.offset(i) + dense.iter().zip(beta).map(|(c, b)| c[i] * b).sum::<f64>();
-            let s = x.rows.stratum[i] as usize;
-            d[s] += x.rows.time[i] * eta.exp();
-            n[s] += x.rows.y[i];
-            ll += x.rows.y[i] * eta;
+            let s = x.rows.stratum.get(i) as usize;
+            d[s] += x.rows.time.get(i) * eta.exp();
+            n[s] += x.rows.y.get(i);
+            ll += x.rows.y.get(i) * eta;
         }
         for s in 0..ns {
             if n[s] > 0.0 {

@@ -22,8 +22,8 @@
 //! bit for bit (each one is still independent of the number of threads).
 
 use super::{RiskSetModel, Ties};
-use crate::model::design::RowIds;
 use crate::error::{Error, Result};
+use crate::model::design::RowIds;
 
 /// What the folds need of the model on every row at full weights.
 #[derive(Debug, Clone)]
@@ -257,7 +257,13 @@ mod tests {
         } else {
             RiskSetKind::Cox
         };
-        let g = fg.then(|| censoring_weights(&x.rows.time.as_f64(), &x.rows.y.as_f64(), &x.rows.stratum.as_u32()));
+        let g = fg.then(|| {
+            censoring_weights(
+                &x.rows.time.as_f64(),
+                &x.rows.y.as_f64(),
+                &x.rows.stratum.as_u32(),
+            )
+        });
         RiskSetModel::new(x, ties, kind, g.as_deref()).unwrap()
     }
 
@@ -331,7 +337,11 @@ mod tests {
                             RiskSetKind::Cox
                         };
                         let g_sub = fg.then(|| {
-                            censoring_weights(&sub.rows.time.as_f64(), &sub.rows.y.as_f64(), &sub.rows.stratum.as_u32())
+                            censoring_weights(
+                                &sub.rows.time.as_f64(),
+                                &sub.rows.y.as_f64(),
+                                &sub.rows.stratum.as_u32(),
+                            )
                         });
                         let Ok(copy) = RiskSetModel::new(&sub, ties, kind, g_sub.as_deref()) else {
                             continue;
