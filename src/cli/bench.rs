@@ -138,7 +138,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<()> {
         "columns": design.n_cols(),
         "nnz": design.nnz(),
         "csc_bytes": design.csc_bytes(),
-        "rows_with_events": design.rows.y.iter().filter(|&&y| y > 0.0).count(),
+        "rows_with_events": design.rows.y.iter().filter(|&y| y > 0.0).count(),
         "data_seconds": data_seconds,
         "lambda": lambda,
         "ties": format!("{:?}", a.ties).to_lowercase(),

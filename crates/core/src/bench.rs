@@ -12,7 +12,7 @@
 //! xoshiro256**), so the data depend only on the seed.
 
 use crate::error::{Error, Result};
-use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows};
+use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows, Strata};
 
 pub use crate::model::rng::Rng;
 
@@ -110,12 +110,12 @@ fn unstratified_rows(time: Vec<f64>, y: Vec<f64>) -> Rows {
     let n = time.len();
     Rows {
         row_id: (1..=n as i64).collect(),
-        stratum: vec![0; n],
+        stratum: Strata::single(n),
         stratum_ids: vec![0],
         has_strata: false,
-        time,
+        time: time.into(),
         start_time: None,
-        y,
+        y: y.into(),
         weight: None,
         offset: None,
         censor_weight: None,
@@ -318,12 +318,12 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
     }
     let rows = Rows {
         row_id: (1..=n as i64).collect(),
-        stratum,
+        stratum: stratum.into(),
         stratum_ids: (1..=cases as i64).collect(),
         has_strata: true,
-        time,
+        time: time.into(),
         start_time: None,
-        y,
+        y: y.into(),
         weight: None,
         offset: None,
         censor_weight: None,
@@ -414,8 +414,8 @@ mod tests {
         for c in &x.columns {
             assert!(c.rows.windows(2).all(|w| w[0] < w[1]));
         }
-        assert!(x.rows.time.iter().all(|&t| t > 0.0 && t <= 1.0));
-        assert!(x.rows.y.iter().all(|&y| y == 0.0 || y == 1.0));
+        assert!(x.rows.time.iter().all(|t| t > 0.0 && t <= 1.0));
+        assert!(x.rows.y.iter().all(|y| y == 0.0 || y == 1.0));
         let events: f64 = x.rows.y.iter().sum();
         assert!(events > 1000.0 && events < 19_000.0);
         // Same seed → same data.
@@ -429,10 +429,10 @@ mod tests {
         let d = fine_gray_data(20_000, 50, 0.05, 3).unwrap();
         let y = &d.design.rows.y;
         for cause in [0.0, 1.0, 2.0] {
-            let k = y.iter().filter(|&&v| v == cause).count();
+            let k = y.iter().filter(|&v| v == cause).count();
             assert!(k > 1000, "cause {cause}: {k}");
         }
-        assert!(d.design.rows.time.iter().all(|&t| t > 0.0 && t <= 1.0));
+        assert!(d.design.rows.time.iter().all(|t| t > 0.0 && t <= 1.0));
     }
 
     #[test]
@@ -449,8 +449,8 @@ mod tests {
         );
         // Observation 365–3650 days per case.
         let mut days = vec![0.0; 2000];
-        for (i, &s) in x.rows.stratum.iter().enumerate() {
-            days[s as usize] += x.rows.time[i];
+        for (i, s) in x.rows.stratum.iter().enumerate() {
+            days[s as usize] += x.rows.time.get(i);
         }
         assert!(days.iter().all(|&d| (365.0..=3650.0).contains(&d)));
         // Common drugs are common.

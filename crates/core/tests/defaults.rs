@@ -1353,7 +1353,7 @@ fn logistic_robust_is_hc0() {
         let xi = row(i);
         let eta: f64 = xi.iter().zip(&beta).map(|(a, b)| a * b).sum();
         let pr = 1.0 / (1.0 + (-eta).exp());
-        let res = x.rows.y[i] - pr;
+        let res = x.rows.y.get(i) - pr;
         for a in 0..p {
             for b in 0..p {
                 v[a * p + b] += pr * (1.0 - pr) * xi[a] * xi[b];

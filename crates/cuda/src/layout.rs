@@ -109,8 +109,12 @@ impl SccsLayout {
     pub fn build(x: &DesignMatrix) -> Result<Self> {
         let n = x.n_rows();
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_ids = r.row_id.as_i64();
+        let row_stratum = r.stratum.as_u32();
         let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_by_key(|&i| (r.stratum[i as usize], r.row_id[i as usize]));
+        order.sort_by_key(|&i| (row_stratum[i as usize], row_ids[i as usize]));
         let mut pos = vec![0u32; n];
         for (k, &i) in order.iter().enumerate() {
             pos[i as usize] = k as u32;
@@ -122,16 +126,16 @@ impl SccsLayout {
         let mut stratum_of = vec![0i32; n];
         for (k, &i) in order.iter().enumerate() {
             let i = i as usize;
-            if k == 0 || r.stratum[i] != r.stratum[order[k - 1] as usize] {
+            if k == 0 || row_stratum[i] != row_stratum[order[k - 1] as usize] {
                 l.strat_ptr.push(k as i64);
                 l.nsum.push(0.0);
             }
             let s = l.nsum.len() - 1;
             stratum_of[k] = s as i32;
             let w = x.weight(i);
-            l.tw.push(r.time[i] * w);
-            l.yw.push(r.y[i] * w);
-            l.nsum[s] += r.y[i] * w;
+            l.tw.push(row_time[i] * w);
+            l.yw.push(row_y[i] * w);
+            l.nsum[s] += row_y[i] * w;
             if r.offset.is_some() {
                 l.offset.push(x.offset(i));
             }
@@ -210,6 +214,10 @@ impl RiskSetLayout {
             }
         };
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_ids = r.row_id.as_i64();
+        let row_stratum = r.stratum.as_u32();
         if r.start_time.is_some() {
             return Err(Error::Device(
                 "counting-process (start, stop] rows are not supported by the CUDA kernels yet"
@@ -220,10 +228,10 @@ impl RiskSetLayout {
         let mut order: Vec<u32> = (0..n as u32).collect();
         order.sort_by(|&a, &b| {
             let (a, b) = (a as usize, b as usize);
-            r.stratum[a]
-                .cmp(&r.stratum[b])
-                .then(r.time[b].total_cmp(&r.time[a]))
-                .then(r.row_id[a].cmp(&r.row_id[b]))
+            row_stratum[a]
+                .cmp(&row_stratum[b])
+                .then(row_time[b].total_cmp(&row_time[a]))
+                .then(row_ids[a].cmp(&row_ids[b]))
         });
         let mut pos = vec![0u32; n];
         for (k, &i) in order.iter().enumerate() {
@@ -231,7 +239,7 @@ impl RiskSetLayout {
         }
         let censor: Option<Vec<f64>> = fine_gray.then(|| match &r.censor_weight {
             Some(c) => c.clone(),
-            None => censoring_weights(&r.time, &r.y, &r.stratum),
+            None => censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()),
         });
         let mut l = RiskSetLayout {
             csc: CscLayout::build(x, &pos)?,
@@ -244,14 +252,14 @@ impl RiskSetLayout {
         let mut group_before = false;
         while k < n {
             let first = order[k] as usize;
-            if k == 0 || r.stratum[first] != r.stratum[order[k - 1] as usize] {
+            if k == 0 || row_stratum[first] != row_stratum[order[k - 1] as usize] {
                 s += 1;
                 group_before = false;
             }
             let mut end = k;
             while end < n
-                && r.stratum[order[end] as usize] == r.stratum[first]
-                && r.time[order[end] as usize] == r.time[first]
+                && row_stratum[order[end] as usize] == row_stratum[first]
+                && row_time[order[end] as usize] == row_time[first]
             {
                 end += 1;
             }
@@ -259,19 +267,19 @@ impl RiskSetLayout {
             for &i in &order[k..end] {
                 let i = i as usize;
                 l.stratum.push(s);
-                l.y.push(r.y[i] as i32);
+                l.y.push(row_y[i] as i32);
                 l.w.push(x.weight(i));
                 if r.offset.is_some() {
                     l.offset.push(x.offset(i));
                 }
                 if let Some(c) = &censor {
-                    let scale = if r.y[i] == 2.0 {
+                    let scale = if row_y[i] == 2.0 {
                         if c[i] > 0.0 {
                             1.0 / c[i]
                         } else if group_before {
                             return Err(Error::BadValue {
                                 row: i,
-                                row_id: r.row_id[i],
+                                row_id: row_ids[i],
                                 column: "censor_weight".into(),
                                 message: "the censoring survival G(T−) of a competing event in a \
                                           risk set must be > 0"
@@ -285,7 +293,7 @@ impl RiskSetLayout {
                     };
                     l.comp_scale.push(scale);
                 }
-                if r.y[i] == 1.0 {
+                if row_y[i] == 1.0 {
                     if d == 0 {
                         g_t = censor.as_ref().map_or(1.0, |c| c[i]);
                     }
@@ -510,8 +518,13 @@ mod tests {
                 ModelKind::Cox
             };
             let l = RiskSetLayout::build(&x, kind).unwrap();
-            let censor =
-                fine_gray.then(|| censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum));
+            let censor = fine_gray.then(|| {
+                censoring_weights(
+                    &x.rows.time.as_f64(),
+                    &x.rows.y.as_f64(),
+                    &x.rows.stratum.as_u32(),
+                )
+            });
             let beta = [0.3, -0.2, 0.5, -0.4];
             for ties in [Ties::Breslow, Ties::Efron] {
                 let (ll, grad, info) = brute(&x, &beta, ties, censor.as_deref());

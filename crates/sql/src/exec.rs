@@ -656,7 +656,7 @@ mod tests {
         let (inputs, feeder) = crate::fit_table::stream_inputs(child, None, ctx.task_ctx());
         let reader = datafusion::common::runtime::SpawnedTask::spawn_blocking(move || {
             let read = crate::convert::ReadOptions::default();
-            inputs.design(&read).map(|x| x.rows.row_id.clone())
+            inputs.design(&read).map(|x| x.rows.row_id.to_vec())
         });
         feeder.await.unwrap();
         let ids = reader.join().await.unwrap().unwrap();

@@ -314,7 +314,7 @@ impl Problem<'_> {
     pub fn units(&self, by: Resampling) -> (Vec<u32>, usize) {
         let x = self.design;
         match by.resolve(self.kind) {
-            Resampling::Stratum => (x.rows.stratum.clone(), x.n_strata()),
+            Resampling::Stratum => (x.rows.stratum.to_vec(), x.n_strata()),
             _ => ((0..x.n_rows() as u32).collect(), x.n_rows()),
         }
     }
@@ -468,7 +468,11 @@ impl SharedFolds {
             (RiskSetKind::Cox, _) => None,
             (_, Some(c)) => Some(&c[..]),
             (_, None) => {
-                computed = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
+                computed = censoring_weights(
+                    &x.rows.time.as_f64(),
+                    &x.rows.y.as_f64(),
+                    &x.rows.stratum.as_u32(),
+                );
                 Some(&computed[..])
             }
         };
@@ -535,8 +539,12 @@ fn fold_censoring(x: &DesignMatrix, fold_of: &[u32], fold: u32, test: bool) -> V
         .filter(|&i| (fold_of[i] == fold) == test)
         .collect();
     let pick = |v: &[f64]| -> Vec<f64> { rows.iter().map(|&i| v[i]).collect() };
-    let stratum: Vec<u32> = rows.iter().map(|&i| x.rows.stratum[i]).collect();
-    let g = censoring_weights(&pick(&x.rows.time), &pick(&x.rows.y), &stratum);
+    let stratum: Vec<u32> = rows.iter().map(|&i| x.rows.stratum.get(i)).collect();
+    let g = censoring_weights(
+        &pick(&x.rows.time.as_f64()),
+        &pick(&x.rows.y.as_f64()),
+        &stratum,
+    );
     let mut out = vec![1.0; x.n_rows()];
     for (&i, &v) in rows.iter().zip(&g) {
         out[i] = v;

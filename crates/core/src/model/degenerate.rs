@@ -111,8 +111,8 @@ pub fn check_information_of(
         }
     }
     let y = &x.rows.y;
-    let has = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y[i]));
-    let has_weighted = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y[i]) && x.weight(i) > 0.0);
+    let has = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y.get(i)));
+    let has_weighted = |f: &dyn Fn(f64) -> bool| rows().any(|i| f(y.get(i)) && x.weight(i) > 0.0);
     let zero_weight = " (every such row has weight 0)";
     match kind {
         ModelKind::Cox | ModelKind::FineGray | ModelKind::ConditionalLogistic => {
@@ -186,7 +186,7 @@ pub fn column_facts(
     let n_strata = x.n_strata();
     let mut size = vec![0u32; n_strata];
     if conditional {
-        for &s in &x.rows.stratum {
+        for s in x.rows.stratum.iter() {
             size[s as usize] += 1;
         }
     }
@@ -218,7 +218,7 @@ pub fn column_facts(
                 }
                 scale = scale.max(v.abs());
                 if conditional {
-                    let s = x.rows.stratum[i] as usize;
+                    let s = x.rows.stratum.get(i) as usize;
                     if stamp[s] != j {
                         stamp[s] = j;
                         value[s] = v;

@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+pub use super::row_values::{RowIds, Strata, Values};
 use crate::error::{Error, Result};
 
 /// Storage format of one column.
@@ -123,23 +124,24 @@ impl Iterator for ColumnEntries<'_> {
     }
 }
 
-/// Per-row outcome data. All vectors have length `n_rows`.
+/// Per-row outcome data. All columns have length `n_rows`; row ids, strata, times and
+/// outcomes are stored compactly ([`super::row_values`]).
 #[derive(Debug, Clone, Default)]
 pub struct Rows {
     /// The caller's row ids.
-    pub row_id: Vec<i64>,
+    pub row_id: RowIds,
     /// Dense stratum index per row (0-based, in order of first appearance); all 0 when unstratified.
-    pub stratum: Vec<u32>,
+    pub stratum: Strata,
     /// The caller's stratum ids, indexed by dense stratum index.
     pub stratum_ids: Vec<i64>,
     /// Whether a stratum column was supplied.
     pub has_strata: bool,
     /// Time (survival time, stop time, or SCCS interval length); 1 when absent.
-    pub time: Vec<f64>,
+    pub time: Values,
     /// Start of a counting-process (start, stop] row.
     pub start_time: Option<Vec<f64>>,
     /// Outcome.
-    pub y: Vec<f64>,
+    pub y: Values,
     /// Case weight.
     pub weight: Option<Vec<f64>>,
     /// Offset added to the linear predictor.
@@ -256,15 +258,16 @@ impl DesignMatrix {
         let (stratum, stratum_ids) = match strata {
             Some(s) => {
                 let n_s = s.iter().map(|&x| x as usize + 1).max().unwrap_or(0);
-                (s.to_vec(), (0..n_s as i64).collect())
+                (s.iter().copied().collect(), (0..n_s as i64).collect())
             }
             None => {
                 let mut map: HashMap<u32, u32> = HashMap::new();
                 let mut ids = Vec::new();
+                let src_stratum = src.stratum.as_u32();
                 let st = rows
                     .iter()
                     .map(|&r| {
-                        let old = src.stratum[r as usize];
+                        let old = src_stratum[r as usize];
                         *map.entry(old).or_insert_with(|| {
                             ids.push(src.stratum_ids.get(old as usize).copied().unwrap_or(0));
                             (ids.len() - 1) as u32
@@ -275,13 +278,13 @@ impl DesignMatrix {
             }
         };
         let new_rows = Rows {
-            row_id: rows.iter().map(|&r| src.row_id[r as usize]).collect(),
+            row_id: src.row_id.pick(rows),
             stratum,
             stratum_ids,
             has_strata: src.has_strata || strata.is_some(),
-            time: pick_f64(&src.time),
+            time: src.time.pick(rows),
             start_time: src.start_time.as_ref().map(pick_f64),
-            y: pick_f64(&src.y),
+            y: src.y.pick(rows),
             weight: src.weight.as_ref().map(pick_f64),
             offset: src.offset.as_ref().map(pick_f64),
             censor_weight: src.censor_weight.as_ref().map(pick_f64),
@@ -418,6 +421,12 @@ impl<'a> ColumnSource<'a> {
             })
             .collect()
     }
+    /// [`Self::par_map`] with each column handed over (owned or borrowed), so that `f` can
+    /// reuse an owned column's storage.
+    pub fn par_map_owned<T: Send>(self, f: impl Fn(Cow<'a, Column>) -> T + Sync + Send) -> Vec<T> {
+        use rayon::prelude::*;
+        self.0.into_par_iter().map(f).collect()
+    }
     /// [`Self::par_map`] on the calling thread only.
     pub fn map<T>(self, mut f: impl FnMut(&Column) -> T) -> Vec<T> {
         self.0.into_iter().map(|c| f(&c)).collect()
@@ -526,12 +535,14 @@ pub(crate) type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
 /// Outcome records stored column by column.
 #[derive(Debug, Default)]
 struct OutcomeColumns {
-    row_id: Vec<i64>,
+    row_id: RowIds,
     /// `time`, 1 when absent.
-    time: Vec<f64>,
-    y: Vec<f64>,
-    /// Dense stratum index (in order of first appearance).
-    stratum: OptionalColumn<u32>,
+    time: Values,
+    y: Values,
+    /// Dense stratum index (in order of first appearance), once a row has a stratum.
+    stratum: Option<Strata>,
+    /// First row without a stratum.
+    stratum_first_missing: Option<usize>,
     stratum_ids: Vec<i64>,
     stratum_index: IdMap<u32>,
     /// The last row's stratum (id, index): grouped input skips the map.
@@ -584,13 +595,9 @@ enum RowLookup {
 
 impl RowLookup {
     /// Index of `row_id` in `ids` (the row ids pushed so far).
-    fn find(&self, ids: &[i64], row_id: i64) -> Option<u32> {
+    fn find(&self, ids: &RowIds, row_id: i64) -> Option<u32> {
         match self {
-            RowLookup::Consecutive => {
-                let k = row_id.checked_sub(*ids.first()?)?;
-                (0..ids.len() as i64).contains(&k).then_some(k as u32)
-            }
-            RowLookup::Increasing => ids.binary_search(&row_id).ok().map(|k| k as u32),
+            RowLookup::Consecutive | RowLookup::Increasing => ids.find_sorted(row_id),
             RowLookup::Hashed(map) => map.get(&row_id).copied(),
         }
     }
@@ -709,7 +716,7 @@ impl DesignBuilder {
         let o = &mut self.outcomes;
         let i = o.row_id.len();
         // Row lookup (and duplicate detection, reported by `build` in row order).
-        let prev = o.row_id.last().copied();
+        let prev = o.row_id.last();
         match &mut self.row_lookup {
             RowLookup::Consecutive | RowLookup::Increasing
                 if prev.is_none_or(|p| p < rec.row_id) =>
@@ -730,7 +737,7 @@ impl DesignBuilder {
                     .row_id
                     .iter()
                     .enumerate()
-                    .map(|(k, &id)| (id, k as u32))
+                    .map(|(k, id)| (id, k as u32))
                     .collect();
                 if map.insert(rec.row_id, i as u32).is_some() {
                     self.first_duplicate_row.get_or_insert(i);
@@ -753,7 +760,20 @@ impl DesignBuilder {
                 k
             }
         });
-        o.stratum.push(i, stratum, 0);
+        match (stratum, &mut o.stratum) {
+            (Some(k), Some(st)) => st.push(k),
+            (Some(k), None) => {
+                let mut st = Strata::single(i);
+                st.push(k);
+                o.stratum = Some(st);
+            }
+            (None, st) => {
+                o.stratum_first_missing.get_or_insert(i);
+                if let Some(st) = st {
+                    st.push(0);
+                }
+            }
+        }
         o.weight.push(i, rec.weight, 1.0);
         o.start_time.push(i, rec.start_time, 0.0);
         o.offset.push(i, rec.offset, 0.0);
@@ -850,12 +870,12 @@ impl DesignBuilder {
             return Err(Error::Empty("more than 2^32 rows are not supported".into()));
         }
         let mixed = |c: Option<usize>, column: &str, what: &str| match c {
-            Some(i) => Err(bad(i, o.row_id[i], column, what)),
+            Some(i) => Err(bad(i, o.row_id.get(i), column, what)),
             None => Ok(()),
         };
         let present = |v: bool, c: Option<usize>| if v { c } else { None };
         mixed(
-            present(o.stratum.values.is_some(), o.stratum.first_missing),
+            present(o.stratum.is_some(), o.stratum_first_missing),
             "stratum_id",
             "is NULL while other rows have a stratum",
         )?;
@@ -873,13 +893,13 @@ impl DesignBuilder {
             "is NULL while other rows have one",
         )?;
         for i in 0..n {
-            let row_id = o.row_id[i];
+            let row_id = o.row_id.get(i);
             if self.first_duplicate_row == Some(i) {
                 return Err(Error::DuplicateRow { row_id });
             }
-            let time = o.time[i];
+            let time = o.time.get(i);
             finite(i, row_id, "time", time)?;
-            finite(i, row_id, "y", o.y[i])?;
+            finite(i, row_id, "y", o.y.get(i))?;
             if let Some(w) = &o.weight.values {
                 let w = w[i];
                 finite(i, row_id, "weight", w)?;
@@ -915,14 +935,23 @@ impl DesignBuilder {
                 }
             }
         }
-        let has_strata = o.stratum.values.is_some();
+        let has_strata = o.stratum.is_some();
+        let (mut time, mut y) = (o.time, o.y);
+        time.shrink_to_fit();
+        y.shrink_to_fit();
         let rows = Rows {
-            stratum: o.stratum.values.unwrap_or_else(|| vec![0; n]),
+            stratum: match o.stratum {
+                Some(mut st) => {
+                    st.shrink_to_fit();
+                    st
+                }
+                None => Strata::single(n),
+            },
             stratum_ids: if has_strata { o.stratum_ids } else { vec![0] },
             has_strata,
-            time: o.time,
+            time,
             start_time: o.start_time.values,
-            y: o.y,
+            y,
             weight: o.weight.values,
             offset: o.offset.values,
             censor_weight: o.censor_weight.values,
@@ -940,7 +969,13 @@ impl DesignBuilder {
                     })
                     .collect()
             }),
-            row_id: o.row_id,
+            row_id: match o.row_id {
+                RowIds::Ids(mut v) => {
+                    v.shrink_to_fit();
+                    RowIds::Ids(v)
+                }
+                range => range,
+            },
         };
 
         // Entries pushed before their outcome row.
@@ -981,7 +1016,7 @@ impl DesignBuilder {
                 Ok(col) => columns.push(col),
                 Err(row) => {
                     return Err(Error::DuplicateCovariate {
-                        row_id: rows.row_id[row as usize],
+                        row_id: rows.row_id.get(row as usize),
                         covariate_id: id,
                     })
                 }

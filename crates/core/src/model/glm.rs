@@ -16,6 +16,8 @@
 //! column sums are formed in fixed chunks added in order, so results depend neither on the
 //! input row order nor on the number of threads.
 
+use std::borrow::Cow;
+
 use rayon::prelude::*;
 
 use super::design::{ColumnSource, DesignMatrix};
@@ -93,9 +95,12 @@ impl RowGlm {
 
     fn new(x: &DesignMatrix, cols: ColumnSource<'_>, family: Family) -> Result<Self> {
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_ids = r.row_id.as_i64();
         let n = x.n_rows();
         for i in 0..n {
-            let (y, t) = (r.y[i], r.time[i]);
+            let (y, t) = (row_y[i], row_time[i]);
             let message = match family {
                 Family::Logistic if !(0.0..=1.0).contains(&y) => {
                     Some(("y", format!("must be 0 or 1 for logistic (got {y})")))
@@ -111,30 +116,30 @@ impl RowGlm {
             if let Some((column, message)) = message {
                 return Err(Error::BadValue {
                     row: i,
-                    row_id: r.row_id[i],
+                    row_id: row_ids[i],
                     column: column.into(),
                     message,
                 });
             }
         }
         let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_unstable_by_key(|&i| r.row_id[i as usize]);
+        order.sort_unstable_by_key(|&i| row_ids[i as usize]);
         let mut pos_of_row = vec![DROPPED; n];
         for (p, &i) in order.iter().enumerate() {
             pos_of_row[i as usize] = p as u32;
         }
         let permute = |v: &[f64]| order.iter().map(|&i| v[i as usize]).collect::<Vec<f64>>();
         let cols = cols.map(|c| {
-            let (pos, val) = internal_entries(c, &pos_of_row);
+            let (pos, val) = internal_entries(Cow::Borrowed(c), |i| pos_of_row[i]);
             GlmColumn { pos, val }
         });
         let mut me = RowGlm {
             family,
             w: r.weight.as_deref().map(permute),
-            y: permute(&r.y),
+            y: permute(&r.y.as_f64()),
             t: match family {
                 Family::Logistic => vec![1.0; n],
-                Family::Poisson => permute(&r.time),
+                Family::Poisson => permute(&r.time.as_f64()),
             },
             offset: r.offset.as_deref().map(permute),
             eta: vec![0.0; n],
@@ -472,13 +477,13 @@ mod tests {
                         (m, m * (1.0 - m))
                     }
                     Family::Poisson => {
-                        let m = x.rows.time[i] * eta.exp();
+                        let m = x.rows.time.get(i) * eta.exp();
                         (m, m)
                     }
                 };
                 let w = x.weight(i);
                 for a in 0..p {
-                    g[a] += w * dense[a][i] * (x.rows.y[i] - mu);
+                    g[a] += w * dense[a][i] * (x.rows.y.get(i) - mu);
                     for b in 0..p {
                         hm[a * p + b] += w * v * dense[a][i] * dense[b][i];
                     }
@@ -820,8 +825,8 @@ mod tests {
         let mut sums = vec![0.0; 50];
         for i in 0..x.n_rows() {
             let eta = dense[0][i] * beta[0] + dense[1][i] * beta[1];
-            sums[x.rows.stratum[i] as usize] += eta.exp();
-            ll += x.rows.y[i] * eta;
+            sums[x.rows.stratum.get(i) as usize] += eta.exp();
+            ll += x.rows.y.get(i) * eta;
         }
         ll -= sums.iter().map(|d| d.ln()).sum::<f64>();
         assert!((clr.log_likelihood() - ll).abs() < 1e-10);
@@ -843,9 +848,9 @@ mod tests {
         let mut b = DesignBuilder::new();
         for &i in &rows {
             b.push_outcome(OutcomeRecord {
-                row_id: x.rows.row_id[i],
-                time: Some(x.rows.time[i]),
-                y: x.rows.y[i],
+                row_id: x.rows.row_id.get(i),
+                time: Some(x.rows.time.get(i)),
+                y: x.rows.y.get(i),
                 weight: Some(x.weight(i)),
                 offset: Some(x.offset(i)),
                 ..Default::default()
@@ -853,7 +858,7 @@ mod tests {
         }
         for c in &x.columns[1..] {
             for (i, v) in c.entries() {
-                b.push_covariate(x.rows.row_id[i], c.id, v);
+                b.push_covariate(x.rows.row_id.get(i), c.id, v);
             }
         }
         let reversed = b.build().unwrap().with_intercept();

@@ -70,6 +70,7 @@ pub mod risk_set;
 pub mod rng;
 pub mod robust;
 pub(crate) mod row_blocks;
+pub mod row_values;
 pub mod sccs;
 pub mod stepper;
 
@@ -134,7 +135,7 @@ impl ModelKind {
         let r = &x.rows;
         let bad = |i: usize, column: &str, message: String| Error::BadValue {
             row: i,
-            row_id: r.row_id[i],
+            row_id: r.row_id.get(i),
             column: column.into(),
             message,
         };
@@ -146,8 +147,8 @@ impl ModelKind {
                 | ModelKind::FineGray
         ) && r.start_time.is_none();
         for i in 0..x.n_rows() {
-            let y = r.y[i];
-            let t = r.time[i];
+            let y = r.y.get(i);
+            let t = r.time.get(i);
             if needs_positive_time && t <= 0.0 {
                 return Err(bad(
                     i,

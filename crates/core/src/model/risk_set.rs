@@ -245,6 +245,10 @@ impl RiskSetModel {
     ) -> Result<Self> {
         let x: &DesignMatrix = &design;
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_ids = r.row_id.as_i64();
+        let row_stratum = r.stratum.as_u32();
         let n = x.n_rows();
         let fg = kind == RiskSetKind::FineGray;
         let name = if fg { "fine_gray" } else { "cox" };
@@ -268,11 +272,11 @@ impl RiskSetModel {
             });
         }
         for i in 0..n {
-            let y = r.y[i];
+            let y = row_y[i];
             let ok = y == 0.0 || y == 1.0 || (fg && y == 2.0);
             let bad = |column: &str, message: String| Error::BadValue {
                 row: i,
-                row_id: r.row_id[i],
+                row_id: row_ids[i],
                 column: column.into(),
                 message,
             };
@@ -285,8 +289,8 @@ impl RiskSetModel {
                     ),
                 ));
             }
-            if !r.time[i].is_finite() {
-                return Err(bad("time", format!("is not finite ({})", r.time[i])));
+            if !row_time[i].is_finite() {
+                return Err(bad("time", format!("is not finite ({})", row_time[i])));
             }
             let w = x.weight(i);
             if !(w.is_finite() && w >= 0.0) {
@@ -296,15 +300,19 @@ impl RiskSetModel {
                 return Err(bad("offset", "is not finite".into()));
             }
             if let Some(st) = &r.start_time {
-                if !(st[i].is_finite() && st[i] < r.time[i]) {
+                if !(st[i].is_finite() && st[i] < row_time[i]) {
                     return Err(bad(
                         "start_time",
-                        format!("({}) is not before time ({})", st[i], r.time[i]),
+                        format!("({}) is not before time ({})", st[i], row_time[i]),
                     ));
                 }
             }
         }
-        let n_strata = r.stratum.iter().map(|&s| s as usize + 1).max().unwrap_or(1);
+        let n_strata = row_stratum
+            .iter()
+            .map(|&s| s as usize + 1)
+            .max()
+            .unwrap_or(1);
         // Internal stratum index = rank of the caller's stratum id, so that the order does not
         // depend on the order in which strata first appear in the input.
         let stratum_rank: Vec<u32> = {
@@ -317,7 +325,7 @@ impl RiskSetModel {
             }
             rank
         };
-        let stratum_of = |i: usize| stratum_rank[r.stratum[i] as usize];
+        let stratum_of = |i: usize| stratum_rank[row_stratum[i] as usize];
 
         // Sorted order: (stratum, time DESC, row_id).
         let mut order: Vec<u32> = (0..n as u32).collect();
@@ -325,8 +333,8 @@ impl RiskSetModel {
             let (a, b) = (a as usize, b as usize);
             stratum_of(a)
                 .cmp(&stratum_of(b))
-                .then(r.time[b].total_cmp(&r.time[a]))
-                .then(r.row_id[a].cmp(&r.row_id[b]))
+                .then(row_time[b].total_cmp(&row_time[a]))
+                .then(row_ids[a].cmp(&row_ids[b]))
         });
         let mut new_index = vec![0u32; n];
         for (k, &o) in order.iter().enumerate() {
@@ -356,21 +364,21 @@ impl RiskSetModel {
             s_start[s] = g_time.len() as u32;
             row_start[s] = k as u32;
             while k < n && stratum_of(order[k] as usize) as usize == s {
-                let t = r.time[order[k] as usize];
+                let t = row_time[order[k] as usize];
                 let block = k;
                 let mut weight = 0.0;
                 let mut count = 0u32;
                 let mut cens = None;
                 while k < n
                     && stratum_of(order[k] as usize) as usize == s
-                    && r.time[order[k] as usize] == t
+                    && row_time[order[k] as usize] == t
                 {
                     let o = order[k] as usize;
                     w[k] = x.weight(o);
                     if let Some(off) = &r.offset {
                         offset[k] = off[o];
                     }
-                    if r.y[o] == 1.0 {
+                    if row_y[o] == 1.0 {
                         event[k] = true;
                         weight += w[k];
                         count += 1;
@@ -435,14 +443,14 @@ impl RiskSetModel {
             inv_g = vec![0.0; n];
             for ki in 0..n {
                 let o = order[ki] as usize;
-                if r.y[o] == 2.0 {
+                if row_y[o] == 2.0 {
                     let s = info[ki].stratum as usize;
                     if info[ki].pos > s_start[s] {
                         let g = censor.map_or(1.0, |c| c[o]);
                         if !(g.is_finite() && g > 0.0) {
                             return Err(Error::BadValue {
                                 row: o,
-                                row_id: r.row_id[o],
+                                row_id: row_ids[o],
                                 column: "censor_weight".into(),
                                 message: format!(
                                     "competing event with censoring survival G(T−) = {g}: it must stay in \
@@ -2751,6 +2759,9 @@ pub mod test_support {
         let n = x.n_rows();
         let p = x.n_cols();
         let r = &x.rows;
+        let row_time = r.time.as_f64();
+        let row_y = r.y.as_f64();
+        let row_stratum = r.stratum.as_u32();
         let xd: Vec<Vec<f64>> = x.columns.iter().map(|c| c.to_dense(n)).collect();
         let eta: Vec<f64> = (0..n)
             .map(|i| x.offset(i) + (0..p).map(|j| beta[j] * xd[j][i]).sum::<f64>())
@@ -2759,7 +2770,7 @@ pub mod test_support {
         let mut grad = vec![0.0; p];
         let mut info = vec![0.0; p * p];
         for i in 0..n {
-            if r.y[i] == 1.0 {
+            if row_y[i] == 1.0 {
                 ll += x.weight(i) * eta[i];
                 for j in 0..p {
                     grad[j] += x.weight(i) * xd[j][i];
@@ -2768,27 +2779,27 @@ pub mod test_support {
         }
         // Distinct (stratum, event time).
         let mut keys: Vec<(u32, f64)> = (0..n)
-            .filter(|&i| r.y[i] == 1.0)
-            .map(|i| (r.stratum[i], r.time[i]))
+            .filter(|&i| row_y[i] == 1.0)
+            .map(|i| (row_stratum[i], row_time[i]))
             .collect();
         keys.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
         keys.dedup();
         for &(s, t) in &keys {
             let events: Vec<usize> = (0..n)
-                .filter(|&i| r.stratum[i] == s && r.time[i] == t && r.y[i] == 1.0)
+                .filter(|&i| row_stratum[i] == s && row_time[i] == t && row_y[i] == 1.0)
                 .collect();
             let g_t = censor.map_or(1.0, |c| c[events[0]]);
             let mut s0 = 0.0;
             let mut s1 = vec![0.0; p];
             let mut s2 = vec![0.0; p * p];
             for k in 0..n {
-                if r.stratum[k] != s {
+                if row_stratum[k] != s {
                     continue;
                 }
-                let fwd = r.time[k] >= t && r.start_time.as_ref().is_none_or(|st| st[k] < t);
+                let fwd = row_time[k] >= t && r.start_time.as_ref().is_none_or(|st| st[k] < t);
                 let wt = if fwd {
                     1.0
-                } else if censor.is_some() && r.y[k] == 2.0 && r.time[k] < t {
+                } else if censor.is_some() && row_y[k] == 2.0 && row_time[k] < t {
                     g_t / censor.unwrap()[k]
                 } else {
                     continue;

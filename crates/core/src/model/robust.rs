@@ -98,7 +98,10 @@ pub fn influence(
             let r = &x.rows;
             let (g, supplied) = match &r.censor_weight {
                 Some(g) => (g.clone(), true),
-                None => (censoring_weights(&r.time, &r.y, &r.stratum), false),
+                None => (
+                    censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()),
+                    false,
+                ),
             };
             let c = Censoring {
                 g,
@@ -143,7 +146,7 @@ fn clustered_outer(x: &DesignMatrix, kind: ModelKind, u: &[f64], k: usize) -> Ve
                 ModelKind::ConditionalPoisson | ModelKind::ConditionalLogistic
             ) =>
             {
-                i64::from(x.rows.stratum[i])
+                i64::from(x.rows.stratum.get(i))
             }
             None => i as i64,
         }
@@ -221,12 +224,15 @@ fn survival(
     fg: Option<&Censoring>,
 ) -> Vec<f64> {
     let r = &x.rows;
+    let row_time = r.time.as_f64();
+    let row_y = r.y.as_f64();
+    let row_stratum = r.stratum.as_u32();
     let n = x.n_rows();
     let k = z.len();
     let mut out = vec![0.0; n * k];
     let mut by_stratum: Vec<Vec<usize>> = vec![Vec::new(); x.n_strata()];
     for i in 0..n {
-        by_stratum[r.stratum[i] as usize].push(i);
+        by_stratum[row_stratum[i] as usize].push(i);
     }
     let w = |i: usize| x.weight(i);
     let e: Vec<f64> = eta.iter().map(|v| v.exp()).collect();
@@ -236,8 +242,8 @@ fn survival(
         // Event times (y = 1), ascending.
         let mut times: Vec<f64> = rows
             .iter()
-            .filter(|&&i| r.y[i] == 1.0)
-            .map(|&i| r.time[i])
+            .filter(|&&i| row_y[i] == 1.0)
+            .map(|&i| row_time[i])
             .collect();
         times.sort_by(f64::total_cmp);
         times.dedup();
@@ -248,8 +254,8 @@ fn survival(
         let mut e0 = vec![0.0; m];
         let mut e1 = vec![0.0; m * k];
         let mut gt = vec![1.0; m];
-        for &i in rows.iter().filter(|&&i| r.y[i] == 1.0) {
-            let ev = count_le(&times, r.time[i]) - 1;
+        for &i in rows.iter().filter(|&&i| row_y[i] == 1.0) {
+            let ev = count_le(&times, row_time[i]) - 1;
             wsum[ev] += w(i);
             d[ev] += 1;
             e0[ev] += w(i) * e[i];
@@ -260,7 +266,7 @@ fn survival(
         }
         // Risk-set sums: rows at risk for event indices [lo, hi), competing rows (Fine–Gray)
         // also for indices ≥ hi with weight G(t−)/G(T−).
-        let hi_of = |i: usize| count_le(&times, r.time[i]);
+        let hi_of = |i: usize| count_le(&times, row_time[i]);
         let lo_of = |i: usize| r.start_time.as_ref().map_or(0, |s| count_le(&times, s[i]));
         let mut add = vec![0.0; (m + 1) * (k + 1)];
         let mut sub = vec![0.0; (m + 1) * (k + 1)];
@@ -280,7 +286,7 @@ fn survival(
                     sub[(lo - 1) * (k + 1) + 1 + a] += v * zi(i, a);
                 }
             }
-            if fg.is_some() && r.y[i] == 2.0 && hi < m {
+            if fg.is_some() && row_y[i] == 2.0 && hi < m {
                 let v = v / g_of(i);
                 back[hi * (k + 1)] += v;
                 for a in 0..k {
@@ -364,12 +370,12 @@ fn survival(
                 let hz = ch[hi * (k + 1)] - ch[lo * (k + 1)];
                 let hzx = ch[hi * (k + 1) + 1 + a] - ch[lo * (k + 1) + 1 + a];
                 let mut res = -e[i] * (x_i * hz - hzx);
-                if r.y[i] == 1.0 {
+                if row_y[i] == 1.0 {
                     let ev = hi - 1;
                     res += x_i - xbar_d[ev * k + a];
                     res += e[i] * (x_i * (h[ev] - hd[ev]) - (hx[ev * k + a] - hxd[ev * k + a]));
                 }
-                if fg.is_some() && r.y[i] == 2.0 && hi < m {
+                if fg.is_some() && row_y[i] == 2.0 && hi < m {
                     let gz = gh[hi * (k + 1)];
                     let gzx = gh[hi * (k + 1) + 1 + a];
                     res -= e[i] / g_of(i) * (x_i * gz - gzx);
@@ -386,8 +392,8 @@ fn survival(
         }
         let mut ctimes: Vec<f64> = rows
             .iter()
-            .filter(|&&i| r.y[i] == 0.0)
-            .map(|&i| r.time[i])
+            .filter(|&&i| row_y[i] == 0.0)
+            .map(|&i| row_time[i])
             .collect();
         ctimes.sort_by(f64::total_cmp);
         ctimes.dedup();
@@ -396,10 +402,10 @@ fn survival(
             continue;
         }
         let mut dc = vec![0.0; nc];
-        for &i in rows.iter().filter(|&&i| r.y[i] == 0.0) {
-            dc[count_le(&ctimes, r.time[i]) - 1] += 1.0;
+        for &i in rows.iter().filter(|&&i| row_y[i] == 0.0) {
+            dc[count_le(&ctimes, row_time[i]) - 1] += 1.0;
         }
-        let mut sorted_t: Vec<f64> = rows.iter().map(|&i| r.time[i]).collect();
+        let mut sorted_t: Vec<f64> = rows.iter().map(|&i| row_time[i]).collect();
         sorted_t.sort_by(f64::total_cmp);
         let total = sorted_t.len();
         // q(u) and the increments d_c q / Y²; competing rows with T < u enter in time order.
@@ -408,16 +414,16 @@ fn survival(
         let mut competing: Vec<usize> = rows
             .iter()
             .copied()
-            .filter(|&j| r.y[j] == 2.0 && hi_of(j) < m)
+            .filter(|&j| row_y[j] == 2.0 && hi_of(j) < m)
             .collect();
-        competing.sort_by(|&p, &q| r.time[p].total_cmp(&r.time[q]));
+        competing.sort_by(|&p, &q| row_time[p].total_cmp(&row_time[q]));
         let mut next = 0;
         let (mut b0, mut b1) = (0.0, vec![0.0; k]);
         let mut q = vec![0.0; nc * k];
         let mut y_at = vec![0.0; nc];
         let mut cum = vec![0.0; (nc + 1) * k];
         for (u_idx, &u) in ctimes.iter().enumerate() {
-            while next < competing.len() && r.time[competing[next]] < u {
+            while next < competing.len() && row_time[competing[next]] < u {
                 let j = competing[next];
                 let v = w(j) * e[j] / g_of(j);
                 b0 += v;
@@ -442,9 +448,9 @@ fn survival(
             }
         }
         for &i in rows {
-            let t = r.time[i];
+            let t = row_time[i];
             let mut upto = count_le(&ctimes, t);
-            let censored = r.y[i] == 0.0;
+            let censored = row_y[i] == 0.0;
             if !c.survfit_counts && !censored && upto > 0 && ctimes[upto - 1] == t {
                 // finegray: a failure at a censoring time is not at risk for that censoring.
                 upto -= 1;
@@ -470,9 +476,9 @@ fn glm(x: &DesignMatrix, kind: ModelKind, eta: &[f64], z: &[Vec<f64>]) -> Vec<f6
     for i in 0..n {
         let mu = match kind {
             ModelKind::Logistic => 1.0 / (1.0 + (-eta[i]).exp()),
-            _ => x.rows.time[i] * eta[i].exp(),
+            _ => x.rows.time.get(i) * eta[i].exp(),
         };
-        let res = x.weight(i) * (x.rows.y[i] - mu);
+        let res = x.weight(i) * (x.rows.y.get(i) - mu);
         for a in 0..k {
             out[i * k + a] = res * z[a][i];
         }
@@ -486,9 +492,12 @@ fn conditional(x: &DesignMatrix, kind: ModelKind, eta: &[f64], z: &[Vec<f64>]) -
     let n = x.n_rows();
     let k = z.len();
     let r = &x.rows;
+    let row_time = r.time.as_f64();
+    let row_y = r.y.as_f64();
+    let row_stratum = r.stratum.as_u32();
     let t = |i: usize| {
         if kind == ModelKind::ConditionalPoisson {
-            r.time[i]
+            row_time[i]
         } else {
             1.0
         }
@@ -497,17 +506,17 @@ fn conditional(x: &DesignMatrix, kind: ModelKind, eta: &[f64], z: &[Vec<f64>]) -
     let mut ns = vec![0.0; s_count];
     let mut ds = vec![0.0; s_count];
     for (i, eta_i) in eta.iter().enumerate() {
-        let s = r.stratum[i] as usize;
-        ns[s] += x.weight(i) * r.y[i];
+        let s = row_stratum[i] as usize;
+        ns[s] += x.weight(i) * row_y[i];
         ds[s] += x.weight(i) * t(i) * eta_i.exp();
     }
     let mut out = vec![0.0; n * k];
     for i in 0..n {
-        let s = r.stratum[i] as usize;
+        let s = row_stratum[i] as usize;
         if ns[s] == 0.0 {
             continue;
         }
-        let res = x.weight(i) * (r.y[i] - ns[s] * t(i) * eta[i].exp() / ds[s]);
+        let res = x.weight(i) * (row_y[i] - ns[s] * t(i) * eta[i].exp() / ds[s]);
         for a in 0..k {
             out[i * k + a] = res * z[a][i];
         }
@@ -550,7 +559,11 @@ mod tests {
                 let supplied = [false, kind == ModelKind::FineGray];
                 for supply in supplied {
                     if supply {
-                        let g = censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum);
+                        let g = censoring_weights(
+                            &x.rows.time.as_f64(),
+                            &x.rows.y.as_f64(),
+                            &x.rows.stratum.as_u32(),
+                        );
                         // Any non-increasing function of time per stratum will do.
                         x.rows.censor_weight = Some(g.iter().map(|v| 0.9 * v).collect());
                     }

@@ -52,7 +52,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix};
+use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix, Values};
 use super::Likelihood;
 use crate::error::{Error, Result};
 
@@ -67,14 +67,22 @@ const ROW_BLOCK: usize = 1 << 16;
 pub(crate) const DROPPED: u32 = u32::MAX;
 
 /// A column's entries in internal row order: positions and values (`None`: all values are 1).
-pub(crate) fn internal_entries(col: &Column, pos_of_row: &[u32]) -> (Vec<u32>, Option<Vec<f64>>) {
+/// `pos_of_row(i)` is the internal position of input row `i`, or [`DROPPED`].
+/// An owned indicator column is converted in place: its row indices become the positions.
+pub(crate) fn internal_entries(
+    col: Cow<'_, Column>,
+    pos_of_row: impl Fn(usize) -> u32,
+) -> (Vec<u32>, Option<Vec<f64>>) {
     if col.format == ColumnFormat::Indicator {
-        let mut pos: Vec<u32> = col
-            .rows
-            .iter()
-            .map(|&i| pos_of_row[i as usize])
-            .filter(|&p| p != DROPPED)
-            .collect();
+        let mut pos = match col {
+            Cow::Owned(c) => c.rows,
+            Cow::Borrowed(c) => c.rows.clone(),
+        };
+        for p in pos.iter_mut() {
+            *p = pos_of_row(*p as usize);
+        }
+        pos.retain(|&p| p != DROPPED);
+        pos.shrink_to_fit();
         if !pos.windows(2).all(|w| w[0] < w[1]) {
             pos.sort_unstable();
         }
@@ -84,7 +92,7 @@ pub(crate) fn internal_entries(col: &Column, pos_of_row: &[u32]) -> (Vec<u32>, O
         .entries()
         .filter(|&(_, v)| v != 0.0)
         .filter_map(|(i, v)| {
-            let p = pos_of_row[i];
+            let p = pos_of_row(i);
             (p != DROPPED).then_some((p, v))
         })
         .collect();
@@ -151,14 +159,21 @@ struct StratumColumn {
 }
 
 impl StratumColumn {
-    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, row_stratum: &[u32], y: &[f64]) -> Self {
+    /// The column of entries `pos` (ascending internal rows) and `val`; `stratum_start` gives
+    /// the first internal row of each stratum, `y` the outcome of each internal row.
+    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, stratum_start: &[u32], y: &Values) -> Self {
         let mut run_start = Vec::new();
         let mut run_stratum = Vec::new();
         let mut chunk_start = vec![0u32];
         let mut in_chunk = 0usize;
         let mut yx = 0.0;
+        // Stratum s of the current row: stratum_start[s] ≤ p < end (empty strata skipped).
+        let (mut s, mut end) = (0u32, 0u32);
         for (e, &p) in pos.iter().enumerate() {
-            let s = row_stratum[p as usize];
+            if p >= end {
+                s = (stratum_start.partition_point(|&a| a <= p) - 1) as u32;
+                end = stratum_start[s as usize + 1];
+            }
             if run_stratum.last() != Some(&s) {
                 if in_chunk >= CHUNK_ENTRIES {
                     chunk_start.push(run_stratum.len() as u32);
@@ -169,10 +184,12 @@ impl StratumColumn {
             }
             in_chunk += 1;
             let x = val.as_ref().map_or(1.0, |v| v[e]);
-            yx += y[p as usize] * x;
+            yx += y.get(p as usize) * x;
         }
         run_start.push(pos.len() as u32);
         chunk_start.push(run_stratum.len() as u32);
+        run_start.shrink_to_fit();
+        run_stratum.shrink_to_fit();
         StratumColumn {
             pos,
             val,
@@ -305,6 +322,55 @@ impl StratumColumn {
     }
 }
 
+/// A set of row indices as a bitmap, with ranks (the number of members before a row) once
+/// [`RowSet::index_ranks`] has run: 1.5 bits per row.
+#[derive(Debug, Default)]
+struct RowSet {
+    bits: Vec<u64>,
+    /// Members before each word (after `index_ranks`).
+    before: Vec<u32>,
+}
+
+impl RowSet {
+    fn new(n: usize) -> Self {
+        RowSet {
+            bits: vec![0; n.div_ceil(64)],
+            before: Vec::new(),
+        }
+    }
+    #[inline]
+    fn insert(&mut self, i: usize) {
+        self.bits[i / 64] |= 1 << (i % 64);
+    }
+    /// Number of members.
+    fn len(&self) -> usize {
+        self.bits.iter().map(|w| w.count_ones() as usize).sum()
+    }
+    #[inline]
+    fn contains(&self, i: usize) -> bool {
+        self.bits[i / 64] >> (i % 64) & 1 == 1
+    }
+    fn index_ranks(&mut self) {
+        let mut total = 0u32;
+        self.before = self
+            .bits
+            .iter()
+            .map(|w| {
+                let b = total;
+                total += w.count_ones();
+                b
+            })
+            .collect();
+    }
+    /// Members before `i` when `i` is a member.
+    #[inline]
+    fn rank(&self, i: usize) -> Option<u32> {
+        let w = self.bits[i / 64];
+        let bit = 1u64 << (i % 64);
+        (w & bit != 0).then(|| self.before[i / 64] + (w & (bit - 1)).count_ones())
+    }
+}
+
 /// Conditional Poisson regression with log(time) offset (SCCS; Cyclops `cpr`). See the module
 /// docs for the objective, the inputs it uses and the constants it leaves out.
 ///
@@ -313,8 +379,8 @@ impl StratumColumn {
 /// D_s = base_s + Σ_{covered k∈s} t_k e^{η_k}.
 #[derive(Debug, Clone)]
 pub struct ConditionalPoisson {
-    /// Per covered row: (weighted) time t_k.
-    t: Vec<f64>,
+    /// Per covered row: (weighted) time t_k, stored narrowly when exact ([`Values`]).
+    t: Values,
     /// Per covered row: t_k e^{η_k}.
     te: Vec<f64>,
     /// Per covered row: offset (when supplied).
@@ -376,83 +442,98 @@ impl ConditionalPoisson {
         let n_rows = x.n_rows();
         let bad = |i: usize, column: &str, message: String| Error::BadValue {
             row: i,
-            row_id: r.row_id[i],
+            row_id: r.row_id.get(i),
             column: column.into(),
             message,
         };
         // Events per (input) stratum, to drop strata without events.
         let n_input_strata = r.stratum_ids.len().max(1);
         let mut n_in = vec![0.0f64; n_input_strata];
-        for i in 0..n_rows {
-            let (y, w) = (r.y[i], x.weight(i));
+        for (i, s) in r.stratum.iter().enumerate() {
+            let (y, w, t) = (r.y.get(i), x.weight(i), r.time.get(i));
             if !(y >= 0.0 && y.is_finite()) {
                 return Err(bad(i, "y", format!("must be a finite count ≥ 0 (got {y})")));
             }
-            if !(unit_time || r.time[i] > 0.0 && r.time[i].is_finite()) {
-                return Err(bad(i, "time", format!("must be > 0 (got {})", r.time[i])));
+            if !(unit_time || t > 0.0 && t.is_finite()) {
+                return Err(bad(i, "time", format!("must be > 0 (got {t})")));
             }
-            n_in[r.stratum[i] as usize] += w * y;
+            n_in[s as usize] += w * y;
         }
-        let stratum_key = |i: usize| {
-            r.stratum_ids
-                .get(r.stratum[i] as usize)
-                .copied()
-                .unwrap_or(0)
-        };
-        let key = |i: u32| (stratum_key(i as usize), r.row_id[i as usize]);
-        let keep = |i: usize| x.weight(i) > 0.0 && n_in[r.stratum[i] as usize] > 0.0;
+        let stratum_key = |s: u32| r.stratum_ids.get(s as usize).copied().unwrap_or(0);
+        let keep = |i: usize, s: u32| x.weight(i) > 0.0 && n_in[s as usize] > 0.0;
         // Kept rows in (stratum id, row id) order; only materialized when the input is not
         // already in that order (it usually is).
         let mut n_kept = 0usize;
         let mut in_order = true;
         let mut last = None;
-        for i in (0..n_rows).filter(|&i| keep(i)) {
-            n_kept += 1;
-            let k = key(i as u32);
-            in_order &= last.is_none_or(|l| l < k);
-            last = Some(k);
+        for (i, s) in r.stratum.iter().enumerate() {
+            if keep(i, s) {
+                n_kept += 1;
+                let k = (stratum_key(s), r.row_id.get(i));
+                in_order &= last.is_none_or(|l| l < k);
+                last = Some(k);
+            }
         }
         if n_kept == 0 {
             return Err(Error::Empty("no stratum has an event (all n_s = 0)".into()));
         }
-        let sorted_kept: Option<Vec<u32>> = (!in_order).then(|| {
-            let mut v: Vec<u32> = (0..n_rows as u32).filter(|&i| keep(i as usize)).collect();
-            v.sort_unstable_by_key(|&i| key(i));
+        // (row, stratum) of the kept rows in internal order.
+        let sorted_kept: Option<Vec<(u32, u32)>> = (!in_order).then(|| {
+            let mut v: Vec<(u32, u32)> = r
+                .stratum
+                .iter()
+                .enumerate()
+                .filter(|&(i, s)| keep(i, s))
+                .map(|(i, s)| (i as u32, s))
+                .collect();
+            v.sort_unstable_by_key(|&(i, s)| (stratum_key(s), r.row_id.get(i as usize)));
             v
         });
-        let kept = || -> Box<dyn Iterator<Item = usize> + '_> {
+        let kept = || -> Box<dyn Iterator<Item = (usize, u32)> + '_> {
             match &sorted_kept {
-                Some(v) => Box::new(v.iter().map(|&i| i as usize)),
-                None => Box::new((0..n_rows).filter(move |&i| keep(i))),
+                Some(v) => Box::new(v.iter().map(|&(i, s)| (i as usize, s))),
+                None => Box::new(
+                    r.stratum
+                        .iter()
+                        .enumerate()
+                        .filter(move |&(i, s)| keep(i, s)),
+                ),
             }
         };
-        let mut covered = vec![false; n_rows];
+        let mut covered = RowSet::new(n_rows);
         for c in cols.iter() {
             for (i, v) in c.entries() {
                 if v != 0.0 {
-                    covered[i] = true;
+                    covered.insert(i);
                 }
             }
         }
 
-        let n_covered = kept().filter(|&i| covered[i]).count();
-        let mut pos_of_row = vec![DROPPED; n_rows];
-        let mut t = Vec::with_capacity(n_covered);
-        let mut y = Vec::with_capacity(n_covered);
-        let mut row_stratum = Vec::with_capacity(n_covered);
-        let mut stratum_start = Vec::new();
-        let mut base = Vec::new();
-        let mut n = Vec::new();
-        let mut offset = r.offset.as_ref().map(|_| Vec::with_capacity(n_covered));
+        // Internal position of each input row: a rank over the kept covered rows when the
+        // input is in internal order, else a table.
+        let mut internal = RowSet::new(if in_order { n_rows } else { 0 });
+        let mut pos_table = if in_order {
+            Vec::new()
+        } else {
+            vec![DROPPED; n_rows]
+        };
+        // At most the covered rows and the input strata (sized up front: no growth slack).
+        let most_rows = covered.len();
+        let mut t = Values::with_capacity(most_rows);
+        let mut y = Values::with_capacity(most_rows);
+        let mut stratum_start = Vec::with_capacity(n_input_strata + 1);
+        let mut base = Vec::with_capacity(n_input_strata);
+        let mut n = Vec::with_capacity(n_input_strata);
+        let mut offset = r.offset.as_ref().map(|_| Vec::new());
         let mut y_offset = 0.0;
         let mut last_stratum = u32::MAX;
-        for i in kept() {
+        for (i, stratum) in kept() {
             let w = x.weight(i);
-            let yi = w * r.y[i];
-            let ti = w * if unit_time { 1.0 } else { r.time[i] };
+            let yi = w * r.y.get(i);
+            let ti = w * if unit_time { 1.0 } else { r.time.get(i) };
             let oi = x.offset(i);
-            if r.stratum[i] != last_stratum {
-                last_stratum = r.stratum[i];
+            if stratum != last_stratum {
+                last_stratum = stratum;
                 stratum_start.push(t.len() as u32);
                 n.push(0.0);
                 base.push(0.0);
@@ -460,11 +541,14 @@ impl ConditionalPoisson {
             let s = n.len() - 1;
             n[s] += yi;
             y_offset += yi * oi;
-            if covered[i] {
-                pos_of_row[i] = t.len() as u32;
+            if covered.contains(i) {
+                if in_order {
+                    internal.insert(i);
+                } else {
+                    pos_table[i] = t.len() as u32;
+                }
                 t.push(ti);
                 y.push(yi);
-                row_stratum.push(s as u32);
                 if let Some(o) = offset.as_mut() {
                     o.push(oi);
                 }
@@ -473,15 +557,30 @@ impl ConditionalPoisson {
             }
         }
         stratum_start.push(t.len() as u32);
+        drop((covered, sorted_kept, n_in));
+        t.shrink_to_fit();
+        if let Some(o) = offset.as_mut() {
+            o.shrink_to_fit();
+        }
+        let n_covered = t.len();
         // The row data is no longer needed (freed here when owned).
         drop(design);
+        internal.index_ranks();
+        let pos_of_row = |i: usize| {
+            if in_order {
+                internal.rank(i).unwrap_or(DROPPED)
+            } else {
+                pos_table[i]
+            }
+        };
         // Columns are independent: convert them in parallel (each result is deterministic).
-        let cols = cols.par_map(|c| {
-            let (pos, val) = internal_entries(c, &pos_of_row);
-            StratumColumn::new(pos, val, &row_stratum, &y)
+        let cols = cols.par_map_owned(|c| {
+            let (pos, val) = internal_entries(c, pos_of_row);
+            StratumColumn::new(pos, val, &stratum_start, &y)
         });
+        drop((y, internal, pos_table));
         let mut me = ConditionalPoisson {
-            te: t.clone(),
+            te: vec![0.0; n_covered],
             t,
             offset,
             y_offset,
@@ -554,11 +653,13 @@ impl ConditionalPoisson {
                 }
             }
         }
+        let t = &self.t;
         self.te
             .par_chunks_mut(ROW_BLOCK)
-            .zip(self.t.par_chunks(ROW_BLOCK))
-            .for_each(|(te, t)| {
-                for (e, &ti) in te.iter_mut().zip(t) {
+            .enumerate()
+            .for_each(|(b, te)| {
+                for (k, e) in te.iter_mut().enumerate() {
+                    let ti = t.get(b * ROW_BLOCK + k);
                     *e = if *e == 0.0 { ti } else { ti * e.exp() };
                 }
             });
@@ -810,10 +911,10 @@ mod tests {
         let mut ll = 0.0;
         for i in 0..x.n_rows() {
             let eta: f64 = x.offset(i) + dense.iter().zip(beta).map(|(c, b)| c[i] * b).sum::<f64>();
-            let s = x.rows.stratum[i] as usize;
-            d[s] += x.rows.time[i] * eta.exp();
-            n[s] += x.rows.y[i];
-            ll += x.rows.y[i] * eta;
+            let s = x.rows.stratum.get(i) as usize;
+            d[s] += x.rows.time.get(i) * eta.exp();
+            n[s] += x.rows.y.get(i);
+            ll += x.rows.y.get(i) * eta;
         }
         for s in 0..ns {
             if n[s] > 0.0 {

@@ -23,6 +23,7 @@
 
 use super::{RiskSetModel, Ties};
 use crate::error::{Error, Result};
+use crate::model::design::RowIds;
 
 /// What the folds need of the model on every row at full weights.
 #[derive(Debug, Clone)]
@@ -42,7 +43,7 @@ pub struct FoldCensor<'a> {
     /// G(T_i−) by input row.
     pub g_minus: &'a [f64],
     /// Row id by input row.
-    pub row_id: &'a [i64],
+    pub row_id: &'a RowIds,
 }
 
 /// Σ_events w x per column over one fold's training rows and its held-out rows.
@@ -191,7 +192,11 @@ impl RiskSetModel {
                     if !(g.is_finite() && g > 0.0) {
                         return Err(Error::BadValue {
                             row: o,
-                            row_id: c.row_id.get(o).copied().unwrap_or(o as i64),
+                            row_id: if o < c.row_id.len() {
+                                c.row_id.get(o)
+                            } else {
+                                o as i64
+                            },
                             column: "censor_weight".into(),
                             message: format!(
                                 "competing event with censoring survival G(T−) = {g}: it must stay in \
@@ -237,8 +242,8 @@ mod tests {
     fn fold_censor(x: &DesignMatrix, keep_input: &[bool]) -> Vec<f64> {
         let rows: Vec<usize> = (0..x.n_rows()).filter(|&i| keep_input[i]).collect();
         let pick = |v: &[f64]| rows.iter().map(|&i| v[i]).collect::<Vec<_>>();
-        let st: Vec<u32> = rows.iter().map(|&i| x.rows.stratum[i]).collect();
-        let g = censoring_weights(&pick(&x.rows.time), &pick(&x.rows.y), &st);
+        let st: Vec<u32> = rows.iter().map(|&i| x.rows.stratum.get(i)).collect();
+        let g = censoring_weights(&pick(&x.rows.time.as_f64()), &pick(&x.rows.y.as_f64()), &st);
         let mut out = vec![1.0; x.n_rows()];
         for (&i, &v) in rows.iter().zip(&g) {
             out[i] = v;
@@ -252,7 +257,13 @@ mod tests {
         } else {
             RiskSetKind::Cox
         };
-        let g = fg.then(|| censoring_weights(&x.rows.time, &x.rows.y, &x.rows.stratum));
+        let g = fg.then(|| {
+            censoring_weights(
+                &x.rows.time.as_f64(),
+                &x.rows.y.as_f64(),
+                &x.rows.stratum.as_u32(),
+            )
+        });
         RiskSetModel::new(x, ties, kind, g.as_deref()).unwrap()
     }
 
@@ -326,7 +337,11 @@ mod tests {
                             RiskSetKind::Cox
                         };
                         let g_sub = fg.then(|| {
-                            censoring_weights(&sub.rows.time, &sub.rows.y, &sub.rows.stratum)
+                            censoring_weights(
+                                &sub.rows.time.as_f64(),
+                                &sub.rows.y.as_f64(),
+                                &sub.rows.stratum.as_u32(),
+                            )
                         });
                         let Ok(copy) = RiskSetModel::new(&sub, ties, kind, g_sub.as_deref()) else {
                             continue;

@@ -1,0 +1,669 @@
+//! Compact per-row storage of a design's row ids, strata, times and outcomes.
+//!
+//! An SCCS design has many more rows than nonzeros (≈ 17 rows and 13 nonzeros per case), so
+//! its row data, not its CSC columns, set its memory. Each kind of per-row data is kept in the
+//! smallest form that returns every value exactly:
+//!
+//! | type | forms | typical SCCS input |
+//! |---|---|---|
+//! | [`RowIds`] | a range `first, first + 1, …`; or one i64 per row | a range: 0 B/row |
+//! | [`Strata`] | runs of rows of one stratum; or one u32 per row | one run per case |
+//! | [`Values`] | u8, u16, u32, f32 or f64 per row, the first that holds every value bit for bit | time u16, y u8 |
+//!
+//! Reads go through `get(i)`, `iter()`, or a borrowed-or-copied slice (`as_f64`, `as_u32`,
+//! `as_i64`); all arithmetic stays in f64.
+
+use std::borrow::Cow;
+
+/// Numbers stored in the narrowest type that returns each of them exactly (see the module
+/// docs). Widening re-encodes the values pushed so far.
+#[derive(Debug, Clone)]
+pub enum Values {
+    /// Integers 0..=255.
+    U8(Vec<u8>),
+    /// Integers 0..=65535.
+    U16(Vec<u16>),
+    /// Integers 0..=2³²−1.
+    U32(Vec<u32>),
+    /// Values exact in f32.
+    F32(Vec<f32>),
+    /// Anything else.
+    F64(Vec<f64>),
+}
+
+impl Default for Values {
+    fn default() -> Self {
+        Values::U8(Vec::new())
+    }
+}
+
+/// The storage forms of [`Values`], narrowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Form {
+    U8,
+    U16,
+    U32,
+    F32,
+    F64,
+}
+
+impl Form {
+    /// Whether `v` is returned exactly (bit for bit) by this form.
+    #[inline]
+    fn holds(self, v: f64) -> bool {
+        let bits = v.to_bits();
+        match self {
+            Form::U8 => f64::from(v as u8).to_bits() == bits,
+            Form::U16 => f64::from(v as u16).to_bits() == bits,
+            Form::U32 => f64::from(v as u32).to_bits() == bits,
+            Form::F32 => f64::from(v as f32).to_bits() == bits,
+            Form::F64 => true,
+        }
+    }
+    /// Whether every value of form `other` is held by this one.
+    fn contains(self, other: Form) -> bool {
+        match self {
+            Form::F32 => other <= Form::U16 || other == Form::F32,
+            _ => other <= self,
+        }
+    }
+}
+
+impl Values {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store with room for `n` values (kept when it widens).
+    pub fn with_capacity(n: usize) -> Self {
+        Values::U8(Vec::with_capacity(n))
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Values::U8(v) => v.capacity(),
+            Values::U16(v) => v.capacity(),
+            Values::U32(v) => v.capacity(),
+            Values::F32(v) => v.capacity(),
+            Values::F64(v) => v.capacity(),
+        }
+    }
+
+    fn form(&self) -> Form {
+        match self {
+            Values::U8(_) => Form::U8,
+            Values::U16(_) => Form::U16,
+            Values::U32(_) => Form::U32,
+            Values::F32(_) => Form::F32,
+            Values::F64(_) => Form::F64,
+        }
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::U8(v) => v.len(),
+            Values::U16(v) => v.len(),
+            Values::U32(v) => v.len(),
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> f64 {
+        match self {
+            Values::U8(v) => f64::from(v[i]),
+            Values::U16(v) => f64::from(v[i]),
+            Values::U32(v) => f64::from(v[i]),
+            Values::F32(v) => f64::from(v[i]),
+            Values::F64(v) => v[i],
+        }
+    }
+
+    /// Iterate the values.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = f64> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// The values as f64: borrowed when stored as f64, else copied.
+    pub fn as_f64(&self) -> Cow<'_, [f64]> {
+        match self {
+            Values::F64(v) => Cow::Borrowed(v),
+            _ => Cow::Owned(self.iter().collect()),
+        }
+    }
+
+    /// The values as a `Vec<f64>`.
+    pub fn to_vec(&self) -> Vec<f64> {
+        self.as_f64().into_owned()
+    }
+
+    /// Bytes held by the values.
+    pub fn bytes(&self) -> usize {
+        let width = match self.form() {
+            Form::U8 => 1,
+            Form::U16 => 2,
+            Form::U32 | Form::F32 => 4,
+            Form::F64 => 8,
+        };
+        self.len() * width
+    }
+
+    /// Append `v`, widening the storage when its form does not hold `v` exactly.
+    #[inline]
+    pub fn push(&mut self, v: f64) {
+        if !self.form().holds(v) {
+            self.widen(v);
+        }
+        match self {
+            Values::U8(s) => s.push(v as u8),
+            Values::U16(s) => s.push(v as u16),
+            Values::U32(s) => s.push(v as u32),
+            Values::F32(s) => s.push(v as f32),
+            Values::F64(s) => s.push(v),
+        }
+    }
+
+    /// Re-encode in the narrowest form that holds the current values and `v`.
+    #[cold]
+    fn widen(&mut self, v: f64) {
+        let current = self.form();
+        let form = [Form::U16, Form::U32, Form::F32, Form::F64]
+            .into_iter()
+            .find(|f| f.contains(current) && f.holds(v))
+            .unwrap_or(Form::F64);
+        let n = self.len();
+        // The room reserved, or for the growth the caller is pushing towards.
+        let cap = self.capacity().max(n + n / 4 + 16);
+        let old = std::mem::take(self);
+        *self = match form {
+            Form::U8 => unreachable!("never a widening"),
+            Form::U16 => Values::U16(with_cap(cap, old.iter().map(|x| x as u16))),
+            Form::U32 => Values::U32(with_cap(cap, old.iter().map(|x| x as u32))),
+            Form::F32 => Values::F32(with_cap(cap, old.iter().map(|x| x as f32))),
+            Form::F64 => Values::F64(with_cap(cap, old.iter())),
+        };
+    }
+
+    /// Release unused capacity.
+    pub fn shrink_to_fit(&mut self) {
+        match self {
+            Values::U8(v) => v.shrink_to_fit(),
+            Values::U16(v) => v.shrink_to_fit(),
+            Values::U32(v) => v.shrink_to_fit(),
+            Values::F32(v) => v.shrink_to_fit(),
+            Values::F64(v) => v.shrink_to_fit(),
+        }
+    }
+
+    /// The values at positions `idx`.
+    pub fn pick(&self, idx: &[u32]) -> Values {
+        idx.iter().map(|&i| self.get(i as usize)).collect()
+    }
+}
+
+fn with_cap<T>(cap: usize, it: impl Iterator<Item = T>) -> Vec<T> {
+    let mut v = Vec::with_capacity(cap);
+    v.extend(it);
+    v
+}
+
+impl FromIterator<f64> for Values {
+    fn from_iter<I: IntoIterator<Item = f64>>(iter: I) -> Self {
+        let mut v = Values::new();
+        for x in iter {
+            v.push(x);
+        }
+        v.shrink_to_fit();
+        v
+    }
+}
+
+impl From<Vec<f64>> for Values {
+    /// Stored narrowly when every value allows it (else the vector is kept as it is).
+    fn from(v: Vec<f64>) -> Self {
+        let narrow = [Form::U8, Form::U16, Form::U32, Form::F32]
+            .into_iter()
+            .find(|f| v.iter().all(|&x| f.holds(x)));
+        match narrow {
+            None => Values::F64(v),
+            Some(_) => v.into_iter().collect(),
+        }
+    }
+}
+
+impl PartialEq for Values {
+    /// Equal values, bit for bit, whatever the storage.
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len()
+            && self
+                .iter()
+                .zip(other.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+impl PartialEq<Vec<f64>> for Values {
+    fn eq(&self, other: &Vec<f64>) -> bool {
+        self.len() == other.len()
+            && self
+                .iter()
+                .zip(other)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+/// Dense stratum index per row: runs of consecutive rows of one stratum (grouped input: one
+/// run per stratum), or one u32 per row when runs would take more room.
+#[derive(Debug, Clone)]
+pub enum Strata {
+    /// Row `run_start[r]` up to the next run's start belongs to stratum `run_stratum[r]`.
+    Runs {
+        /// First row of each run, increasing (the first is 0).
+        run_start: Vec<u32>,
+        /// Stratum of each run.
+        run_stratum: Vec<u32>,
+        /// Number of rows.
+        len: usize,
+    },
+    /// One stratum index per row.
+    PerRow(Vec<u32>),
+}
+
+impl Default for Strata {
+    fn default() -> Self {
+        Strata::Runs {
+            run_start: Vec::new(),
+            run_stratum: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl Strata {
+    /// `n` rows of stratum 0.
+    pub fn single(n: usize) -> Self {
+        if n == 0 {
+            return Strata::default();
+        }
+        Strata::Runs {
+            run_start: vec![0],
+            run_stratum: vec![0],
+            len: n,
+        }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        match self {
+            Strata::Runs { len, .. } => *len,
+            Strata::PerRow(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stratum of row `i` (a binary search over the runs when stored as runs).
+    #[inline]
+    pub fn get(&self, i: usize) -> u32 {
+        match self {
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                len,
+            } => {
+                assert!(i < *len, "row {i} out of {len}");
+                run_stratum[run_start.partition_point(|&s| s as usize <= i) - 1]
+            }
+            Strata::PerRow(v) => v[i],
+        }
+    }
+
+    /// Iterate the strata of rows 0, 1, … (O(1) per row).
+    pub fn iter(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        match self {
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                len,
+            } => Box::new(run_stratum.iter().enumerate().flat_map(move |(r, &s)| {
+                let end = run_start.get(r + 1).map_or(*len, |&e| e as usize);
+                std::iter::repeat_n(s, end - run_start[r] as usize)
+            })),
+            Strata::PerRow(v) => Box::new(v.iter().copied()),
+        }
+    }
+
+    /// The strata as a slice: borrowed when stored per row, else expanded.
+    pub fn as_u32(&self) -> Cow<'_, [u32]> {
+        match self {
+            Strata::PerRow(v) => Cow::Borrowed(v),
+            _ => Cow::Owned(self.iter().collect()),
+        }
+    }
+
+    /// The strata as a `Vec<u32>`.
+    pub fn to_vec(&self) -> Vec<u32> {
+        self.as_u32().into_owned()
+    }
+
+    /// Append a row of stratum `s`; switches to one u32 per row once the runs would take more
+    /// room than that.
+    #[inline]
+    pub fn push(&mut self, s: u32) {
+        match self {
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                len,
+            } => {
+                if run_stratum.last() != Some(&s) {
+                    if 2 * (run_stratum.len() + 1) > *len + 64 {
+                        let mut v = self.to_vec();
+                        v.push(s);
+                        *self = Strata::PerRow(v);
+                        return;
+                    }
+                    run_start.push(*len as u32);
+                    run_stratum.push(s);
+                }
+                *len += 1;
+            }
+            Strata::PerRow(v) => v.push(s),
+        }
+    }
+
+    /// Release unused capacity.
+    pub fn shrink_to_fit(&mut self) {
+        match self {
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                ..
+            } => {
+                run_start.shrink_to_fit();
+                run_stratum.shrink_to_fit();
+            }
+            Strata::PerRow(v) => v.shrink_to_fit(),
+        }
+    }
+
+    /// The strata of rows `idx`.
+    pub fn pick(&self, idx: &[u32]) -> Strata {
+        match self {
+            Strata::PerRow(v) => idx.iter().map(|&i| v[i as usize]).collect(),
+            _ => idx.iter().map(|&i| self.get(i as usize)).collect(),
+        }
+    }
+}
+
+impl FromIterator<u32> for Strata {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut s = Strata::default();
+        for x in iter {
+            s.push(x);
+        }
+        s.shrink_to_fit();
+        s
+    }
+}
+
+impl From<Vec<u32>> for Strata {
+    fn from(v: Vec<u32>) -> Self {
+        let runs = 1 + v.windows(2).filter(|w| w[0] != w[1]).count();
+        if 2 * runs > v.len() + 64 {
+            Strata::PerRow(v)
+        } else {
+            v.into_iter().collect()
+        }
+    }
+}
+
+impl PartialEq for Strata {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<Vec<u32>> for Strata {
+    fn eq(&self, other: &Vec<u32>) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter().copied())
+    }
+}
+
+/// The caller's row ids: a range `first, first + 1, …` (consecutive input), or one i64 per row.
+#[derive(Debug, Clone)]
+pub enum RowIds {
+    /// `len` consecutive ids from `first`.
+    Range {
+        /// The first id.
+        first: i64,
+        /// Number of rows.
+        len: usize,
+    },
+    /// Any ids.
+    Ids(Vec<i64>),
+}
+
+impl Default for RowIds {
+    fn default() -> Self {
+        RowIds::Range { first: 0, len: 0 }
+    }
+}
+
+impl RowIds {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        match self {
+            RowIds::Range { len, .. } => *len,
+            RowIds::Ids(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Id of row `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> i64 {
+        match self {
+            RowIds::Range { first, len } => {
+                assert!(i < *len, "row {i} out of {len}");
+                first + i as i64
+            }
+            RowIds::Ids(v) => v[i],
+        }
+    }
+
+    /// The last id.
+    pub fn last(&self) -> Option<i64> {
+        self.len().checked_sub(1).map(|i| self.get(i))
+    }
+
+    /// Iterate the ids.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = i64> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// The ids as a slice: borrowed when stored per row, else expanded.
+    pub fn as_i64(&self) -> Cow<'_, [i64]> {
+        match self {
+            RowIds::Ids(v) => Cow::Borrowed(v),
+            _ => Cow::Owned(self.iter().collect()),
+        }
+    }
+
+    /// The ids as a `Vec<i64>`.
+    pub fn to_vec(&self) -> Vec<i64> {
+        self.as_i64().into_owned()
+    }
+
+    /// Append `id`; stored per row from the first id that does not continue the range.
+    #[inline]
+    pub fn push(&mut self, id: i64) {
+        match self {
+            RowIds::Range { first, len } => {
+                if *len == 0 {
+                    *first = id;
+                    *len = 1;
+                } else if first.checked_add(*len as i64) == Some(id) {
+                    *len += 1;
+                } else {
+                    let mut v = Vec::with_capacity(*len + *len / 4 + 16);
+                    v.extend(*first..*first + *len as i64);
+                    v.push(id);
+                    *self = RowIds::Ids(v);
+                }
+            }
+            RowIds::Ids(v) => v.push(id),
+        }
+    }
+
+    /// Index of `id` when the ids are a range, or increasing (binary search); `None` when
+    /// absent. Other orders need a map (the builder keeps one).
+    pub fn find_sorted(&self, id: i64) -> Option<u32> {
+        match self {
+            RowIds::Range { first, len } => {
+                let k = id.checked_sub(*first)?;
+                (0..*len as i64).contains(&k).then_some(k as u32)
+            }
+            RowIds::Ids(v) => v.binary_search(&id).ok().map(|k| k as u32),
+        }
+    }
+
+    /// The ids of rows `idx`.
+    pub fn pick(&self, idx: &[u32]) -> RowIds {
+        idx.iter().map(|&i| self.get(i as usize)).collect()
+    }
+}
+
+impl FromIterator<i64> for RowIds {
+    fn from_iter<I: IntoIterator<Item = i64>>(iter: I) -> Self {
+        let mut r = RowIds::default();
+        for x in iter {
+            r.push(x);
+        }
+        if let RowIds::Ids(v) = &mut r {
+            v.shrink_to_fit();
+        }
+        r
+    }
+}
+
+impl From<Vec<i64>> for RowIds {
+    fn from(v: Vec<i64>) -> Self {
+        let consecutive = v.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
+        match (consecutive, v.first()) {
+            (true, Some(&first)) => RowIds::Range {
+                first,
+                len: v.len(),
+            },
+            (true, None) => RowIds::default(),
+            (false, _) => RowIds::Ids(v),
+        }
+    }
+}
+
+impl PartialEq for RowIds {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl<const N: usize> PartialEq<[i64; N]> for RowIds {
+    fn eq(&self, other: &[i64; N]) -> bool {
+        self.len() == N && self.iter().eq(other.iter().copied())
+    }
+}
+
+impl PartialEq<Vec<i64>> for RowIds {
+    fn eq(&self, other: &Vec<i64>) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter().copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_keep_every_bit() {
+        let cases: Vec<Vec<f64>> = vec![
+            vec![0.0, 1.0, 255.0],
+            vec![3.0, 300.0, 7.0],
+            vec![1.0, 70000.0],
+            vec![1.0, 0.5, 300.0],
+            vec![70000.0, 0.5],
+            vec![-0.0, 1.0],
+            vec![1.0, 0.1, f64::NAN, f64::INFINITY, -2.0],
+            vec![4294967295.0, 4294967296.0],
+        ];
+        let forms = [
+            Form::U8,
+            Form::U16,
+            Form::U32,
+            Form::F32,
+            Form::F64,
+            Form::F32,
+            Form::F64,
+            Form::F64,
+        ];
+        for (v, form) in cases.iter().zip(forms) {
+            let mut pushed = Values::new();
+            for &x in v {
+                pushed.push(x);
+            }
+            assert_eq!(pushed.form(), form, "{v:?}");
+            let bits: Vec<u64> = pushed.iter().map(f64::to_bits).collect();
+            let want: Vec<u64> = v.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(bits, want);
+            assert_eq!(Values::from(v.clone()).form(), form);
+        }
+    }
+
+    #[test]
+    fn strata_runs_and_rows() {
+        let grouped = vec![0u32, 0, 0, 1, 1, 2, 0, 0];
+        let mut s = Strata::default();
+        for &x in &grouped {
+            s.push(x);
+        }
+        assert!(matches!(s, Strata::Runs { .. }));
+        assert_eq!(s, grouped);
+        assert_eq!((0..8).map(|i| s.get(i)).collect::<Vec<_>>(), grouped);
+        assert_eq!(s.pick(&[7, 3, 5]), vec![0, 1, 2]);
+        let alternating: Vec<u32> = (0..200).map(|i| i % 2).collect();
+        let s: Strata = alternating.iter().copied().collect();
+        assert!(matches!(s, Strata::PerRow(_)));
+        assert_eq!(s, alternating);
+        assert_eq!(Strata::single(3), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn row_ids_range_then_any() {
+        let mut r = RowIds::default();
+        for id in [5, 6, 7] {
+            r.push(id);
+        }
+        assert!(matches!(r, RowIds::Range { first: 5, len: 3 }));
+        assert_eq!(r.find_sorted(6), Some(1));
+        assert_eq!(r.find_sorted(8), None);
+        r.push(20);
+        assert_eq!(r, [5, 6, 7, 20]);
+        assert_eq!(r.find_sorted(20), Some(3));
+        assert_eq!(RowIds::from(vec![3, 2]).to_vec(), vec![3, 2]);
+    }
+}
