@@ -660,7 +660,7 @@ mod tests {
                                 let m = 1.0 / (1.0 + (-eta[i]).exp());
                                 m * (1.0 - m)
                             }
-                            Family::Poisson => x.rows.time[i] * eta[i].exp(),
+                            Family::Poisson => x.rows.time.get(i) * eta[i].exp(),
                         };
                         s += x.weight(i) * v * dense[ja][i] * dense[jb][i];
                     }
