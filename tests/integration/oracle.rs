@@ -73,20 +73,20 @@ impl Oracle {
         } else if let Some(cw) = &r.censor_weight {
             cw.clone()
         } else {
-            km_censoring_g_minus(&r.time, &r.y, &r.stratum)
+            km_censoring_g_minus(&r.time.to_vec(), &r.y.to_vec(), &r.stratum.to_vec())
         };
         Oracle {
             fine_gray,
             ties,
             p,
             x,
-            stratum: r.stratum.clone(),
+            stratum: r.stratum.to_vec(),
             start: r
                 .start_time
                 .clone()
                 .unwrap_or_else(|| vec![f64::NEG_INFINITY; n]),
-            time: r.time.clone(),
-            y: r.y.clone(),
+            time: r.time.to_vec(),
+            y: r.y.to_vec(),
             weight: (0..n).map(|i| design.weight(i)).collect(),
             offset: (0..n).map(|i| design.offset(i)).collect(),
             g_minus,

@@ -40,13 +40,13 @@ fn rebuild(x: &DesignMatrix, keep: impl Fn(usize) -> bool) -> DesignMatrix {
     for i in 0..x.n_rows() {
         if keep(i) {
             b.push_outcome(OutcomeRecord {
-                row_id: x.rows.row_id[i],
+                row_id: x.rows.row_id.get(i),
                 stratum_id: x
                     .rows
                     .has_strata
-                    .then(|| x.rows.stratum_ids[x.rows.stratum[i] as usize]),
-                time: Some(x.rows.time[i]),
-                y: x.rows.y[i],
+                    .then(|| x.rows.stratum_ids[x.rows.stratum.get(i) as usize]),
+                time: Some(x.rows.time.get(i)),
+                y: x.rows.y.get(i),
                 ..Default::default()
             });
         }
@@ -54,7 +54,7 @@ fn rebuild(x: &DesignMatrix, keep: impl Fn(usize) -> bool) -> DesignMatrix {
     for c in &x.columns {
         for (i, v) in c.entries() {
             if keep(i) {
-                b.push_covariate(x.rows.row_id[i], c.id, v);
+                b.push_covariate(x.rows.row_id.get(i), c.id, v);
             }
         }
     }
@@ -104,7 +104,7 @@ fn cv_held_out_likelihoods_match_a_by_hand_computation() {
     ] {
         let by = Resampling::Auto.resolve(model);
         let (unit, n_units): (Vec<u32>, usize) = match by {
-            Resampling::Stratum => (x.rows.stratum.clone(), x.n_strata()),
+            Resampling::Stratum => (x.rows.stratum.to_vec(), x.n_strata()),
             _ => ((0..x.n_rows() as u32).collect(), x.n_rows()),
         };
         let folds = assign_folds(n_units, 4, 1, 11);
