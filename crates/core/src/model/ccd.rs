@@ -38,7 +38,7 @@
 //!   information matrix costs more than the cycles it saves;
 //! * **Active-set Newton** (likelihoods whose information is cheap:
 //!   [`Likelihood::polish_max_block`] above 32 — Cox and Fine–Gray, up to 16√G columns for G event
-//!   groups, clamped to 64..2048; logistic and Poisson regression, up to 2048 columns, on the
+//!   groups, clamped to 64..2048; logistic regression, up to 2048 columns, on the
 //!   exact information): the
 //!   first cycle is one *simultaneous* step (every coordinate's step from the same state,
 //!   taken together with step-halving on the objective: one risk-set refresh instead of one

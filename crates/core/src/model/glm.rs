@@ -72,8 +72,15 @@ impl RowGlm {
     /// few Newton steps where coordinate descent needs tens to hundreds of cycles at a tight
     /// tolerance (createPs' 2e-7: 100 cycles → 9 iterations on a 90,000 × 12,000 propensity
     /// model with 120 non-zero coefficients, `examples/ps_speed.rs`).
+    ///
+    /// Poisson regression keeps the classic limit: on the fuzz suite's small Poisson fits
+    /// (21 rows, λ = 20) the active-set path declared convergence with the intercept's
+    /// gradient just above the KKT bound (seed 1406 of `fuzz_fit_api`), not yet understood.
     fn polish_max_block(&self) -> usize {
-        GLM_POLISH_MAX_BLOCK
+        match self.family {
+            Family::Logistic => GLM_POLISH_MAX_BLOCK,
+            Family::Poisson => super::newton::POLISH_MAX_BLOCK,
+        }
     }
 
     /// The gradients one coordinate at a time ([`Likelihood::gradients`]).
