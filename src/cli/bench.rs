@@ -25,8 +25,8 @@ pub(crate) struct BenchArgs {
     /// Ties for cox / fine_gray: breslow or efron.
     #[arg(long, default_value = "breslow", value_parser = parse_ties)]
     pub(crate) ties: Ties,
-    /// Stopping rule: objective or gradient.
-    #[arg(long, default_value = "objective", value_parser = parse_convergence)]
+    /// Stopping rule: optimality (the fitting functions' default), gradient or objective.
+    #[arg(long, default_value = "optimality", value_parser = parse_convergence)]
     pub(crate) convergence: Convergence,
     /// Convergence tolerance.
     #[arg(long, default_value_t = 1e-6)]

@@ -38,7 +38,7 @@
 //!   information matrix costs more than the cycles it saves;
 //! * **Active-set Newton** (likelihoods whose information is cheap:
 //!   [`Likelihood::polish_max_block`] above 32 — Cox and Fine–Gray, up to 16√G columns for G event
-//!   groups, clamped to 64..2048; logistic regression, up to 2048 columns, on the
+//!   groups, clamped to 64..2048; logistic and Poisson regression, up to 2048 columns, on the
 //!   exact information): the
 //!   first cycle is one *simultaneous* step (every coordinate's step from the same state,
 //!   taken together with step-halving on the objective: one risk-set refresh instead of one
@@ -46,7 +46,10 @@
 //!   is repeated on the active set
 //!   (a coefficient that a step sets to zero leaves it) until the decrement is at most
 //!   `tolerance`; then every coordinate-descent coefficient is checked at the returned β
-//!   (gradients only, [`Likelihood::gradients`]). If the check passes the fit has converged;
+//!   (gradients only, [`Likelihood::gradients`]), and so is the unpenalized block (its
+//!   |g_j| ≤ tolerance·√I_jj: a joint matrix that is singular — copies of a column — and
+//!   regularized bounds the block's gradient only loosely; a block that fails is solved alone
+//!   next). If the check passes the fit has converged;
 //!   otherwise one simultaneous step on the violators alone (at most 8 times, then full
 //!   cycles again) and the polish follows. The Newton matrix is the likelihood's cheap upper bound
 //!   Ĥ ≽ I of the information ([`Likelihood::approximate_information`]; for Cox and
@@ -631,6 +634,23 @@ fn simultaneous_step(
 
 /// The largest [`scaled_violation`] over `coords` at the likelihood's current state (which must
 /// be at `beta`), nothing moved; `None` when a derivative is not finite.
+/// The block's largest scaled violation when its last Newton step was `joint` with active-set
+/// columns (0 otherwise: alone, its exact decrement bounds every |g_j| / √I_jj by
+/// Cauchy–Schwarz, which a joint, possibly regularized, matrix does not).
+fn block_violation(
+    lik: &mut dyn Likelihood,
+    priors: &PriorSet,
+    beta: &[f64],
+    block: &[usize],
+    joint: bool,
+) -> Option<f64> {
+    if joint {
+        worst_scaled_violation(lik, priors, beta, block)
+    } else {
+        Some(0.0)
+    }
+}
+
 fn worst_scaled_violation(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
@@ -742,6 +762,10 @@ fn optimality_attempt(
     let mut cycled = false;
     // The next cycle visits the violators of a polish round's check.
     let mut violators_next = false;
+    // The next Newton step solves the block alone: a final check found it off its optimum
+    // after a joint step with the active set (whose matrix can be singular — copies of a
+    // column — and regularized: its decrement then says little about the block).
+    let mut block_alone_next = false;
     // The active-set Newton's own limit where it runs; else the options' (paths turn the
     // classic polish off).
     let polish_max = if repeat_polish {
@@ -821,7 +845,7 @@ fn optimality_attempt(
                 .collect();
             let stable = last_signs.as_ref() == Some(&signs) || repeat_polish;
             last_signs = Some(signs);
-            if stable {
+            if stable && !std::mem::take(&mut block_alone_next) {
                 let active = coords
                     .iter()
                     .copied()
@@ -840,6 +864,8 @@ fn optimality_attempt(
         let mut block_done = true;
         let mut polished = false;
         let mut stop = false;
+        // Whether the block is solved together with active-set columns.
+        let joint = !block.is_empty() && cols.len() > block.len();
         while !cols.is_empty() {
             let at = Point {
                 beta: &mut beta,
@@ -897,10 +923,14 @@ fn optimality_attempt(
             else {
                 return ill(beta, iterations, trace);
             };
-            if v <= tol {
+            let Some(vb) = block_violation(lik, priors, &beta, &block, joint) else {
+                return ill(beta, iterations, trace);
+            };
+            if v <= tol && vb <= tol {
                 status = FitStatus::Converged;
                 break;
             }
+            block_alone_next = vb > tol;
             failed_rounds += 1;
             if failed_rounds <= MAX_REPOLISH {
                 // One simultaneous step on the violators, then the polish again.
@@ -920,10 +950,14 @@ fn optimality_attempt(
             let Some(v) = worst_scaled_violation(lik, priors, &beta, &coords) else {
                 return ill(beta, iterations, trace);
             };
-            if v <= tol {
+            let Some(vb) = block_violation(lik, priors, &beta, &block, joint) else {
+                return ill(beta, iterations, trace);
+            };
+            if v <= tol && vb <= tol {
                 status = FitStatus::Converged;
                 break;
             }
+            block_alone_next = vb > tol;
             full = true;
             continue;
         }
