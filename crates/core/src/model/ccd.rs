@@ -632,8 +632,6 @@ fn simultaneous_step(
     Some(worst)
 }
 
-/// The largest [`scaled_violation`] over `coords` at the likelihood's current state (which must
-/// be at `beta`), nothing moved; `None` when a derivative is not finite.
 /// The block's largest scaled violation when its last Newton step was `joint` with active-set
 /// columns (0 otherwise: alone, its exact decrement bounds every |g_j| / √I_jj by
 /// Cauchy–Schwarz, which a joint, possibly regularized, matrix does not).
@@ -651,6 +649,8 @@ fn block_violation(
     }
 }
 
+/// The largest [`scaled_violation`] over `coords` at the likelihood's current state (which must
+/// be at `beta`), nothing moved; `None` when a derivative is not finite.
 fn worst_scaled_violation(
     lik: &mut dyn Likelihood,
     priors: &PriorSet,
