@@ -1,7 +1,7 @@
 //! A Ballista cluster of real processes on 127.0.0.1 — `epifusion scheduler` and two
 //! `epifusion executor`s on free ports, started and stopped by the test — against the local
 //! run: a `GROUP BY` fit over 150 groups and a table-function fit give identical results (every
-//! value, bit for bit); refusals (`design_matrix`, `@name`, another client version, input
+//! value, bit for bit), and study builds run on an executor reading the OMOP store themselves; refusals (`design_matrix`, `@name`, another client version, input
 //! queries that write) are clear errors; an executor killed mid-query gives a clear error or the right result; executors
 //! clean their work dirs when they stop.
 
@@ -397,6 +397,134 @@ async fn an_executor_killed_mid_query_gives_an_error_or_the_right_result() {
             }
         },
     }
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A study build runs on an executor, reading the client's OMOP store itself (its tables travel
+/// as plans): the same intervals, covariates, attrition, diagnostics and fits as the local run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
+    let dir = test_dir("study");
+    let cluster = start_cluster(&dir);
+    let store = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/synthea27nj");
+    let opts = SessionOptions {
+        omop: Some(store.display().to_string()),
+        batch_size: None,
+    };
+    let local = new_session(&opts).await.unwrap();
+    let remote = cluster_session(&cluster.url, &opts).await.unwrap();
+    // A table held in the client's memory cannot travel; the builds do not need it.
+    for ctx in [&local, &remote] {
+        ctx.sql("CREATE TABLE scratch AS VALUES (1)").await.unwrap();
+    }
+    let top = |sql: &str| {
+        let local = local.clone();
+        let sql = sql.to_string();
+        async move {
+            let b = run(&local, &sql).await.unwrap();
+            b.column(0)
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                .expect("BIGINT concept ids")
+                .values()
+                .to_vec()
+        }
+    };
+    let drugs = top("SELECT drug_concept_id FROM drug_exposure WHERE drug_concept_id <> 0 GROUP BY 1 ORDER BY count(DISTINCT person_id) DESC, 1 LIMIT 2").await;
+    let conds = top("SELECT condition_concept_id FROM condition_occurrence WHERE condition_concept_id <> 0 GROUP BY 1 ORDER BY count(DISTINCT person_id) DESC, 1 LIMIT 1").await;
+    let sccs = format!(
+        r#"{{"outcome": {{"concept_ids": [{}]}}, "exposures": [{{"concept_ids": [{}], "domain": "derived_drug_era", "persistence_days": 30}}], "age_group_starts": [7300, 14600]}}"#,
+        conds[0], drugs[0]
+    );
+    let cohort = format!(
+        r#"{{"target": {{"concept_ids": [{}], "domain": "derived_drug_era"}}, "comparator": {{"concept_ids": [{}], "domain": "derived_drug_era"}},
+            "outcome": {{"concept_ids": [{}]}}, "competing": {{"death": true}}, "model": "fine_gray",
+            "remove_subjects_with_prior_outcome": false, "risk_window_end": 3650, "end_anchor": "cohort_start"}}"#,
+        drugs[0], drugs[1], conds[0]
+    );
+    let (q, c) = (sccs.replace('\'', "''"), cohort.replace('\'', "''"));
+    let queries = [
+        // The --omop tables are in the cluster session, and executors read them.
+        (
+            "the store",
+            "SELECT gender_concept_id, count(*) AS n, min(year_of_birth) AS first \
+             FROM person GROUP BY 1 ORDER BY 1"
+                .to_string(),
+        ),
+        (
+            "sccs_intervals",
+            format!("SELECT * FROM sccs_intervals('{q}') ORDER BY row_id"),
+        ),
+        (
+            "sccs_covariates",
+            format!("SELECT * FROM sccs_covariates('{q}') ORDER BY row_id, covariate_id"),
+        ),
+        (
+            "sccs_attrition",
+            format!("SELECT * FROM sccs_attrition('{q}')"),
+        ),
+        (
+            "sccs_diagnostics",
+            format!("SELECT * FROM sccs_diagnostics('{q}') ORDER BY diagnostic"),
+        ),
+        (
+            "cohort_outcomes",
+            format!("SELECT * FROM cohort_outcomes('{c}') ORDER BY row_id"),
+        ),
+        (
+            "sccs_fit over the builds",
+            format!(
+                "SELECT covariate_id, estimate, std_error, log_likelihood, iterations, status \
+                 FROM sccs_fit('SELECT * FROM sccs_intervals(''{}'')', \
+                 'SELECT * FROM sccs_covariates(''{}'')', '{{\"ci\": \"wald\"}}') \
+                 ORDER BY covariate_id",
+                q.replace('\'', "''"),
+                q.replace('\'', "''")
+            ),
+        ),
+    ];
+    for (what, sql) in &queries {
+        let want = run(&local, sql).await.unwrap();
+        assert!(want.num_rows() > 0, "{what}: the local run is empty");
+        let got = run(&remote, sql)
+            .await
+            .unwrap_or_else(|e| panic!("cluster {what}: {e}\n{}", logs(&dir)));
+        assert_identical(&want, &got, what);
+    }
+
+    // A session with no table that can travel gets a clear error before anything runs; a
+    // build that needs a table left behind names it.
+    let bare = cluster_session(&cluster.url, &SessionOptions::default())
+        .await
+        .unwrap();
+    let e = run(&bare, &format!("SELECT * FROM sccs_intervals('{q}')"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sccs_intervals on a cluster") && e.contains("--omop"),
+        "{e}"
+    );
+    remote
+        .sql("CREATE TABLE picked AS SELECT * FROM person LIMIT 5")
+        .await
+        .unwrap();
+    let sql_outcome = format!(
+        r#"{{"outcome": {{"sql": "SELECT o.person_id, o.condition_concept_id AS concept_id, o.condition_start_date AS start_date, o.condition_end_date AS end_date FROM condition_occurrence o JOIN picked p ON p.person_id = o.person_id"}}, "exposures": [{{"concept_ids": [{}], "domain": "derived_drug_era", "persistence_days": 30}}]}}"#,
+        drugs[0]
+    );
+    let e = run(
+        &remote,
+        &format!(
+            "SELECT * FROM sccs_intervals('{}')",
+            sql_outcome.replace('\'', "''")
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("picked") && e.contains("not sent"), "{e}");
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,9 +39,12 @@ pub async fn cluster_session(cluster: &str, opts: &SessionOptions) -> DfResult<S
     let url = scheduler_url(cluster)?;
     let local = new_session(opts).await?;
     let state = local.state();
+    // The default catalog exists (the OMOP store's tables are in it): keep it rather than
+    // let each rebuild of the state replace it with an empty one.
     let mut config = state
         .config()
         .clone()
+        .with_create_default_catalog_and_schema(false)
         .with_ballista_logical_extension_codec(Arc::new(ClusterLogicalCodec::default()))
         .with_ballista_physical_extension_codec(Arc::new(ClusterPhysicalCodec::default()))
         .with_option_extension(crate::ClusterConfig::default());

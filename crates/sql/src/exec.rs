@@ -14,8 +14,9 @@
 //!
 //! Two things stay with the session that planned them and are refused by the codec with a clear
 //! error: fits of a design matrix stored by `design_matrix` (`@name`; the matrix lives in that
-//! session's memory), and study builds on a node whose codec was given no catalog (a study runs
-//! its own queries against the OMOP tables, so the receiving node needs them registered).
+//! session's memory), and study builds that carry no tables ([`crate::remote::StudyInputs`], what
+//! a cluster client sends) on a node whose codec was given no catalog (a study runs its own
+//! queries against the OMOP tables, so the receiving node needs them).
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::registry::{sql_functions, SqlRole};
+use crate::remote::StudyInputs;
 
 /// What an [`EpiExec`] computes: serializable, and checked again when a node is rebuilt from it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +70,11 @@ pub enum NodeSpec {
         function: String,
         /// The settings JSON as written.
         settings: String,
+        /// On a cluster: the client session's tables the build may read, as serialized logical
+        /// plans ([`crate::remote::StudyInputs`]); empty when the build runs in the session
+        /// that planned it.
+        #[serde(default, skip_serializing_if = "StudyInputs::is_empty")]
+        tables: StudyInputs,
     },
 }
 
@@ -177,13 +184,23 @@ impl EpiExec {
                 let schema = work.schema(&children[0].schema())?;
                 (Work::Cohort(work), schema)
             }
-            (NodeSpec::Study { function, settings }, SqlRole::Study(design, part)) => {
+            (
+                NodeSpec::Study {
+                    function, settings, ..
+                },
+                SqlRole::Study(design, part),
+            ) => {
                 let work =
                     crate::study::functions::StudyWork::parse(function, design, part, settings)?;
                 let schema = work.schema();
                 (Work::Study(work), schema)
             }
-            (NodeSpec::Study { function, settings }, SqlRole::SccsDiagnostics(part)) => {
+            (
+                NodeSpec::Study {
+                    function, settings, ..
+                },
+                SqlRole::SccsDiagnostics(part),
+            ) => {
                 let work =
                     crate::study::diagnostics::DiagnosticsWork::parse(function, part, settings)?;
                 let schema = work.schema();
@@ -196,7 +213,11 @@ impl EpiExec {
                 ))
             }
         };
-        if matches!(work, Work::Study(_) | Work::Diagnostics(_)) && study_context.is_none() {
+        let carries_tables = matches!(&spec, NodeSpec::Study { tables, .. } if !tables.is_empty());
+        if matches!(work, Work::Study(_) | Work::Diagnostics(_))
+            && study_context.is_none()
+            && !carries_tables
+        {
             return Err(plan_datafusion_err!(
                 "{}: a study build needs a session with the OMOP tables",
                 spec.function()
@@ -238,6 +259,7 @@ impl EpiExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         schema: SchemaRef,
         study_context: Option<SessionContext>,
+        tables: Option<(String, StudyInputs)>,
         context: Arc<TaskContext>,
     ) -> DfResult<RecordBatch> {
         match work {
@@ -257,16 +279,30 @@ impl EpiExec {
                 )
                 .await
             }
-            Work::Study(w) => {
-                let ctx = study_context
-                    .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
-                w.run(ctx).await
-            }
-            Work::Diagnostics(w) => {
-                let ctx = study_context
-                    .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
-                w.run(ctx).await
-            }
+            // A study build sent by a cluster client reads the client's tables, carried as
+            // plans; otherwise the session that planned it.
+            Work::Study(w) => match tables {
+                Some((function, tables)) => w
+                    .run(tables.session(&context)?)
+                    .await
+                    .map_err(|e| tables.explain(&function, e)),
+                None => {
+                    let ctx = study_context
+                        .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
+                    w.run(ctx).await
+                }
+            },
+            Work::Diagnostics(w) => match tables {
+                Some((function, tables)) => w
+                    .run(tables.session(&context)?)
+                    .await
+                    .map_err(|e| tables.explain(&function, e)),
+                None => {
+                    let ctx = study_context
+                        .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
+                    w.run(ctx).await
+                }
+            },
             Work::Cohort(w) => w.run(&schema, children, context).await,
         }
     }
@@ -343,11 +379,18 @@ impl ExecutionPlan for EpiExec {
             ));
         }
         let out_schema = self.properties.eq_properties.schema().clone();
+        let tables = match &self.spec {
+            NodeSpec::Study {
+                function, tables, ..
+            } if !tables.is_empty() => Some((function.clone(), tables.clone())),
+            _ => None,
+        };
         let batch = Self::run(
             self.work.clone(),
             self.children.clone(),
             self.schema.clone(),
             self.study_context.clone(),
+            tables,
             context,
         );
         let projection = self.projection.clone();
@@ -434,8 +477,10 @@ impl PhysicalExtensionCodec for EpiCodec {
                 WIRE_VERSION
             ));
         }
-        let study_context = match wire.spec {
-            NodeSpec::Study { .. } => Some(self.study_context(ctx)?),
+        // A study build reads the tables it carries (a cluster client's), else this node's
+        // catalog.
+        let study_context = match &wire.spec {
+            NodeSpec::Study { tables, .. } if tables.is_empty() => Some(self.study_context(ctx)?),
             _ => None,
         };
         Ok(Arc::new(EpiExec::try_new(

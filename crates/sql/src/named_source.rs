@@ -54,6 +54,11 @@ impl NamedSource {
             label: label.into(),
         }
     }
+
+    /// The wrapped provider.
+    pub fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
+    }
 }
 
 #[async_trait]

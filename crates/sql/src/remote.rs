@@ -12,10 +12,18 @@
 //! the scheduler, whose [`PlannedEpiTable::scan`] makes the same [`EpiExec`] the local path
 //! makes, with physical children that Ballista cuts into stages and runs on executors.
 //!
+//! A study build (`sccs_intervals`, `cohort_outcomes`, …, `sccs_diagnostics`) runs its own
+//! queries against the OMOP tables of the session that calls it. On a cluster it carries the
+//! client session's tables with it ([`StudyInputs`]): the logical plan of every table of the
+//! default schema that names its data (the OMOP store's Parquet / CSV listing tables and the
+//! typed views over them, `CREATE EXTERNAL TABLE`s, views over those). The executor that runs
+//! the build registers them in a fresh session and reads the store itself, so the store must be
+//! a path every node can read or an object-store URL. The build runs on one executor: its
+//! result is one table, as in a local run.
+//!
 //! Refused with a clear error (planning, before anything runs): `design_matrix` and fits of a
-//! stored design (`@name`: the matrix lives in the client session's memory), the study builds
-//! and SCCS diagnostics (they run their own queries against the client's OMOP tables) and
-//! `epifusion_functions()`.
+//! stored design (`@name`: the matrix lives in the client session's memory), a study build in
+//! a session with no table that can be sent, and `epifusion_functions()`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,14 +33,18 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{exec_datafusion_err, plan_datafusion_err, Result as DfResult};
-use datafusion::datasource::{provider_as_source, source_as_provider, TableType};
+use datafusion::common::{DataFusionError, TableReference};
+use datafusion::datasource::{provider_as_source, source_as_provider, TableType, ViewTable};
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::logical_expr::{Expr, LogicalPlan, TableScan};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
 use datafusion_proto::bytes::{
     logical_plan_from_bytes_with_extension_codec, logical_plan_to_bytes_with_extension_codec,
 };
-use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use datafusion_proto::logical_plan::{DefaultLogicalExtensionCodec, LogicalExtensionCodec};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
@@ -111,15 +123,6 @@ fn call_of(provider: &Arc<dyn TableProvider>) -> Option<DfResult<(NodeSpec, Vec<
     if let Some(t) = provider.downcast_ref::<crate::cohort_ps::CohortTable>() {
         return Some(Ok(t.remote_call()));
     }
-    if let Some(t) = provider.downcast_ref::<crate::study::functions::StudyTable>() {
-        return Some(Err(plan_datafusion_err!(
-            "{} cannot run on a cluster yet: a study build runs its own queries against the \
-             OMOP tables of the client's session. Build the table without --cluster (e.g. \
-             COPY (SELECT * FROM {}(…)) TO 'intervals.parquet') and fit it on the cluster",
-            t.name,
-            t.name
-        )));
-    }
     if provider
         .downcast_ref::<crate::design_table::DesignTable>()
         .is_some()
@@ -148,6 +151,7 @@ pub fn prepare_for_cluster(
 }
 
 async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPlan> {
+    let plan = unwrap_local_wrappers(plan)?;
     // The scans to replace, keyed by the address of their table source.
     let mut calls: Vec<(usize, Arc<dyn TableProvider>)> = Vec::new();
     plan.apply_with_subqueries(|node| {
@@ -160,6 +164,19 @@ async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPl
     })?;
     let mut planned: HashMap<usize, Arc<dyn TableProvider>> = HashMap::new();
     for (key, provider) in calls {
+        if let Some(t) = provider.downcast_ref::<crate::study::functions::StudyTable>() {
+            let table = PlannedEpiTable {
+                spec: NodeSpec::Study {
+                    function: t.name.to_string(),
+                    settings: t.settings_json.clone(),
+                    tables: StudyInputs::from_session(session, t.name).await?,
+                },
+                inputs: Vec::new(),
+                schema: provider.schema(),
+            };
+            planned.insert(key, Arc::new(table));
+            continue;
+        }
         let Some(call) = call_of(&provider) else {
             continue;
         };
@@ -191,6 +208,45 @@ async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPl
         other => Ok(Transformed::no(other)),
     })
     .map(|t| t.data)
+}
+
+/// `plan` with the table providers that exist only in this process replaced by what they wrap,
+/// inside views too: a [`crate::named_source::NamedSource`] (the label an OMOP table's read
+/// errors carry) by its listing table, which datafusion-proto can send.
+pub fn unwrap_local_wrappers(plan: LogicalPlan) -> DfResult<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| match node {
+        LogicalPlan::TableScan(mut scan) => {
+            let unwrapped = match source_as_provider(&scan.source) {
+                Ok(provider) => unwrap_provider(&provider)?,
+                Err(_) => None,
+            };
+            match unwrapped {
+                Some(provider) => {
+                    scan.source = provider_as_source(provider);
+                    Ok(Transformed::yes(LogicalPlan::TableScan(scan)))
+                }
+                None => Ok(Transformed::no(LogicalPlan::TableScan(scan))),
+            }
+        }
+        other => Ok(Transformed::no(other)),
+    })
+    .map(|t| t.data)
+}
+
+/// What [`unwrap_local_wrappers`] puts in place of `provider` (`None`: keep it).
+fn unwrap_provider(provider: &Arc<dyn TableProvider>) -> DfResult<Option<Arc<dyn TableProvider>>> {
+    if let Some(named) = provider.downcast_ref::<crate::named_source::NamedSource>() {
+        let inner = named.inner().clone();
+        return Ok(Some(unwrap_provider(&inner)?.unwrap_or(inner)));
+    }
+    if let Some(view) = provider.downcast_ref::<ViewTable>() {
+        let plan = unwrap_local_wrappers(view.logical_plan().clone())?;
+        return Ok(Some(Arc::new(ViewTable::new(
+            plan,
+            view.definition().cloned(),
+        ))));
+    }
+    Ok(None)
 }
 
 fn source_key(scan: &TableScan) -> usize {
@@ -293,4 +349,153 @@ fn decode_body(
         inputs,
         schema,
     })
+}
+
+/// The client session's tables that a study build reads on a cluster (module documentation):
+/// each table of the default schema whose scan datafusion-proto can serialize without an
+/// extension codec (listing tables over files or URLs, views over them), by name. The plans
+/// travel hex-encoded inside the node's JSON spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StudyInputs {
+    tables: Vec<StudyInput>,
+    /// Tables of the session that could not be sent (in-memory tables, views over epifusion
+    /// functions): named when the build fails.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    left_out: Vec<String>,
+}
+
+/// One carried table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StudyInput {
+    name: String,
+    /// The table's scan, serialized by datafusion-proto, in lower-case hex.
+    plan: String,
+}
+
+impl StudyInputs {
+    /// No table carried (the build reads the session that planned it).
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
+
+    /// The tables a call of `function` planned in `session` carries; an error when none can
+    /// be sent.
+    pub async fn from_session(session: &dyn Session, function: &str) -> DfResult<StudyInputs> {
+        let ctx = crate::planning::session_context(session);
+        let options = session.config().options();
+        let schema = ctx
+            .catalog(&options.catalog.default_catalog)
+            .and_then(|c| c.schema(&options.catalog.default_schema));
+        let mut out = StudyInputs::default();
+        if let Some(schema) = schema {
+            let mut names = schema.table_names();
+            names.sort();
+            let codec = DefaultLogicalExtensionCodec {};
+            for name in names {
+                let Some(provider) = schema.table(&name).await? else {
+                    continue;
+                };
+                let provider = unwrap_provider(&provider)?.unwrap_or(provider);
+                let plan = LogicalPlanBuilder::scan(
+                    TableReference::bare(name.clone()),
+                    provider_as_source(provider),
+                    None,
+                )?
+                .build()?;
+                match logical_plan_to_bytes_with_extension_codec(&plan, &codec) {
+                    Ok(bytes) => out.tables.push(StudyInput {
+                        name,
+                        plan: to_hex(&bytes),
+                    }),
+                    Err(_) => out.left_out.push(name),
+                }
+            }
+        }
+        if out.tables.is_empty() {
+            return Err(plan_datafusion_err!(
+                "{function} on a cluster reads the OMOP tables of this session, and it has none \
+                 that can be sent to the executors{}: register the store with --omop (a path \
+                 every node can read, or an object-store URL) or with CREATE EXTERNAL TABLE",
+                if out.left_out.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (in-memory or derived: {})", out.left_out.join(", "))
+                }
+            ));
+        }
+        Ok(out)
+    }
+
+    /// A fresh session on the node running the task, with the carried tables registered under
+    /// their names and every epifusion function.
+    pub fn session(&self, task: &TaskContext) -> DfResult<SessionContext> {
+        let state = SessionStateBuilder::new()
+            // A fresh catalog (the client's configuration says not to create one: its own
+            // exists).
+            .with_config(
+                task.session_config()
+                    .clone()
+                    .with_create_default_catalog_and_schema(true),
+            )
+            .with_runtime_env(task.runtime_env())
+            .with_default_features()
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        crate::session::register_all(&ctx);
+        let codec = DefaultLogicalExtensionCodec {};
+        for t in &self.tables {
+            let bytes = from_hex(&t.plan).ok_or_else(|| {
+                exec_datafusion_err!("the table `{}` arrived garbled (not hex)", t.name)
+            })?;
+            let plan =
+                logical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &codec)?;
+            crate::planning::check_read_only(&plan, &format!("the table `{}`", t.name))?;
+            // A listing table comes back as its scan; a view may come back as its plan.
+            let provider = match plan {
+                LogicalPlan::TableScan(scan) => source_as_provider(&scan.source)?,
+                other => Arc::new(ViewTable::new(other, None)),
+            };
+            ctx.register_table(TableReference::bare(t.name.clone()), provider)?;
+        }
+        Ok(ctx)
+    }
+
+    /// `e`, from a build of `function` in [`StudyInputs::session`], with the session tables
+    /// that were not sent named (a query of the build may have needed one of them).
+    pub fn explain(&self, function: &str, e: DataFusionError) -> DataFusionError {
+        if self.left_out.is_empty() {
+            return e;
+        }
+        DataFusionError::Context(
+            format!(
+                "{function} on the cluster: these tables of the client session were not sent to \
+                 the executors (only tables that name their data can be): {}",
+                self.left_out.join(", ")
+            ),
+            Box::new(e),
+        )
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    if b.len() % 2 != 0 {
+        return None;
+    }
+    b.chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
 }

@@ -201,6 +201,7 @@ impl TableProvider for StudyTable {
         let spec = NodeSpec::Study {
             function: self.name.to_string(),
             settings: self.settings_json.clone(),
+            tables: Default::default(),
         };
         Ok(Arc::new(EpiExec::try_new(
             spec,
