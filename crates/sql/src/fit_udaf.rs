@@ -252,6 +252,7 @@ impl AggregateUDFImpl for FitAggregate {
             options,
             layout,
             rows: Vec::new(),
+            row_bytes: 0,
         }))
     }
 
@@ -284,11 +285,32 @@ struct Row {
     time: Option<f64>,
     y: f64,
     ids: Vec<i64>,
-    values: Vec<f64>,
+    /// One value per id; `None`: every value is 1 (indicators, nothing allocated).
+    values: Option<Vec<f64>>,
     cluster: Option<i64>,
 }
 
 impl Row {
+    /// The covariate values, one per id.
+    fn values(&self) -> impl Iterator<Item = f64> + '_ {
+        let ones = match &self.values {
+            Some(_) => 0,
+            None => self.ids.len(),
+        };
+        self.values
+            .iter()
+            .flatten()
+            .copied()
+            .chain(std::iter::repeat_n(1.0, ones))
+    }
+
+    /// Heap and inline bytes (what `Accumulator::size` counts).
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Row>()
+            + self.ids.capacity() * 8
+            + self.values.as_ref().map_or(0, |v| v.capacity() * 8)
+    }
+
     /// How errors name the row: aggregate input rows have no stable number.
     fn describe(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "NULL".into());
@@ -307,6 +329,8 @@ struct FitAccumulator {
     options: FitOptions,
     layout: Layout,
     rows: Vec<Row>,
+    /// Σ `Row::bytes` over `rows` (kept as rows arrive: `size` is asked after every batch).
+    row_bytes: usize,
 }
 
 fn as_i64(a: &ArrayRef) -> DfResult<Int64Array> {
@@ -385,7 +409,7 @@ impl FitAccumulator {
                 }
                 v.values().to_vec()
             };
-            let value_list: Vec<f64> = match values {
+            let value_list: Option<Vec<f64>> = match values {
                 Some(vals) if !vals.is_null(i) => {
                     let v = vals.value(i);
                     let v = v.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
@@ -409,18 +433,22 @@ impl FitAccumulator {
                             y.value(i)
                         );
                     }
-                    v.values().to_vec()
+                    // All ones (indicators, e.g. a partial state's lists): nothing to keep.
+                    let v = v.values();
+                    (!v.iter().all(|&x| x == 1.0)).then(|| v.to_vec())
                 }
-                _ => vec![1.0; id_list.len()],
+                _ => None,
             };
-            self.rows.push(Row {
+            let row = Row {
                 stratum,
                 time: if needs_time { row_time } else { None },
                 y: y.value(i),
                 ids: id_list,
                 values: value_list,
                 cluster: clusters.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
-            });
+            };
+            self.row_bytes += row.bytes();
+            self.rows.push(row);
         }
         Ok(())
     }
@@ -438,10 +466,9 @@ impl FitAccumulator {
                 .then(a.y.total_cmp(&b.y))
                 .then(a.ids.cmp(&b.ids))
                 .then_with(|| {
-                    a.values
-                        .iter()
-                        .zip(&b.values)
-                        .map(|(x, y)| x.total_cmp(y))
+                    a.values()
+                        .zip(b.values())
+                        .map(|(x, y)| x.total_cmp(&y))
                         .find(|o| o.is_ne())
                         .unwrap_or(std::cmp::Ordering::Equal)
                 })
@@ -457,7 +484,7 @@ impl FitAccumulator {
                 cluster_id: r.cluster,
                 ..Default::default()
             });
-            for (&id, &v) in r.ids.iter().zip(&r.values) {
+            for (&id, v) in r.ids.iter().zip(r.values()) {
                 b.push_covariate(k as i64, id, v);
             }
         }
@@ -548,6 +575,7 @@ impl Accumulator for FitAccumulator {
             ))));
         }
         let rows = std::mem::take(&mut self.rows);
+        self.row_bytes = 0;
         let (model, mut options) = (self.model, self.options.clone());
         // The query's token when a `FitScopeExec` polls this aggregate: the fit stops within
         // one cycle once the query's stream is dropped (crate::cancel_scope).
@@ -592,11 +620,8 @@ impl Accumulator for FitAccumulator {
 
     fn size(&self) -> usize {
         std::mem::size_of_val(self)
-            + self
-                .rows
-                .iter()
-                .map(|r| std::mem::size_of::<Row>() + r.ids.len() * 8 + r.values.len() * 8)
-                .sum::<usize>()
+            + (self.rows.capacity() - self.rows.len()) * std::mem::size_of::<Row>()
+            + self.row_bytes
     }
 
     fn state(&mut self) -> DfResult<Vec<ScalarValue>> {
@@ -613,7 +638,10 @@ impl Accumulator for FitAccumulator {
             y.values().append_value(r.y);
             ids.values().values().append_slice(&r.ids);
             ids.values().append(true);
-            vals.values().values().append_slice(&r.values);
+            match &r.values {
+                Some(v) => vals.values().values().append_slice(v),
+                None => vals.values().values().append_value_n(1.0, r.ids.len()),
+            }
             vals.values().append(true);
         }
         strata.append(true);
@@ -683,5 +711,137 @@ mod constant_tests {
         assert_eq!(constant_string(&col("o", &schema).unwrap()), None);
         assert_eq!(constant_string(&lit(ScalarValue::Utf8(None))), None);
         assert_eq!(constant_string(&lit(3i64)), None);
+    }
+}
+
+#[cfg(test)]
+mod accumulator_tests {
+    use super::*;
+    use datafusion::arrow::array::Float64Array;
+
+    fn accumulator(has_values: bool) -> FitAccumulator {
+        FitAccumulator {
+            model: ModelKind::Poisson,
+            options: crate::options::parse_fit_options(ModelKind::Poisson, r#"{"ci": "none"}"#)
+                .unwrap(),
+            layout: Layout {
+                has_values,
+                cluster: None,
+                has_options: false,
+            },
+            rows: Vec::new(),
+            row_bytes: 0,
+        }
+    }
+
+    fn ids(rows: &[&[i64]]) -> ArrayRef {
+        let mut b = ListBuilder::new(Int64Builder::new());
+        for r in rows {
+            b.values().append_slice(r);
+            b.append(true);
+        }
+        Arc::new(b.finish())
+    }
+
+    fn values(rows: &[&[f64]]) -> ArrayRef {
+        let mut b = ListBuilder::new(Float64Builder::new());
+        for r in rows {
+            b.values().append_slice(r);
+            b.append(true);
+        }
+        Arc::new(b.finish())
+    }
+
+    /// Absent values, values of exactly 1 and a partial state merged back fit the same model;
+    /// `size` tracks what the rows hold.
+    #[test]
+    fn indicator_rows_keep_no_values_and_fit_the_same_model() {
+        let n = 40;
+        let strata: ArrayRef = Arc::new(Int64Array::from(vec![None::<i64>; n]));
+        let exposure = || {
+            Arc::new(Float64Array::from(
+                (0..n).map(|i| 1.0 + (i % 4) as f64).collect::<Vec<_>>(),
+            )) as ArrayRef
+        };
+        let time = exposure();
+        let y: ArrayRef = Arc::new(Float64Array::from(
+            (0..n).map(|i| ((i * 7) % 5) as f64).collect::<Vec<_>>(),
+        ));
+        let id_rows: Vec<Vec<i64>> = (0..n)
+            .map(|i| match i % 3 {
+                0 => vec![1],
+                1 => vec![1, 2],
+                _ => vec![],
+            })
+            .collect();
+        let id_refs: Vec<&[i64]> = id_rows.iter().map(|r| r.as_slice()).collect();
+        let ones: Vec<Vec<f64>> = id_rows.iter().map(|r| vec![1.0; r.len()]).collect();
+        let one_refs: Vec<&[f64]> = ones.iter().map(|r| r.as_slice()).collect();
+
+        let mut plain = accumulator(false);
+        plain
+            .update_batch(&[strata.clone(), time.clone(), y.clone(), ids(&id_refs)])
+            .unwrap();
+        assert!(plain.rows.iter().all(|r| r.values.is_none()));
+        let mut explicit = accumulator(true);
+        explicit
+            .update_batch(&[strata, time, y, ids(&id_refs), values(&one_refs)])
+            .unwrap();
+        assert!(explicit.rows.iter().all(|r| r.values.is_none()));
+        let recount = |a: &FitAccumulator| a.rows.iter().map(Row::bytes).sum::<usize>();
+        assert_eq!(plain.row_bytes, recount(&plain));
+        assert!(plain.size() >= plain.row_bytes);
+
+        // A partial state (values written out as ones) merged into a final accumulator.
+        let state: Vec<ArrayRef> = plain
+            .state()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.to_array().unwrap())
+            .collect();
+        let mut merged = accumulator(false);
+        merged.merge_batch(&state).unwrap();
+        assert!(merged.rows.iter().all(|r| r.values.is_none()));
+        assert_eq!(merged.row_bytes, recount(&merged));
+
+        let a = fitted(plain.evaluate().unwrap());
+        assert_eq!(plain.row_bytes, 0);
+        assert_eq!(a, fitted(explicit.evaluate().unwrap()));
+        assert_eq!(a, fitted(merged.evaluate().unwrap()));
+
+        // Other values are kept as given.
+        let mut real = accumulator(true);
+        let halves: Vec<Vec<f64>> = id_rows.iter().map(|r| vec![0.5; r.len()]).collect();
+        let half_refs: Vec<&[f64]> = halves.iter().map(|r| r.as_slice()).collect();
+        real.update_batch(&[
+            Arc::new(Int64Array::from(vec![None::<i64>; n])),
+            exposure(),
+            Arc::new(Float64Array::from(
+                (0..n).map(|i| ((i * 7) % 5) as f64).collect::<Vec<_>>(),
+            )),
+            ids(&id_refs),
+            values(&half_refs),
+        ])
+        .unwrap();
+        assert!(real
+            .rows
+            .iter()
+            .all(|r| r.ids.is_empty() || r.values.as_deref() == Some(&vec![0.5; r.ids.len()][..])));
+        assert_ne!(fitted(real.evaluate().unwrap()), a);
+    }
+
+    /// Every result column but the timing, printed.
+    fn fitted(v: ScalarValue) -> Vec<String> {
+        let ScalarValue::List(l) = v else {
+            panic!("not a list: {v:?}")
+        };
+        let rows = l.value(0);
+        let rows = rows.as_struct();
+        rows.column_names()
+            .iter()
+            .zip(rows.columns())
+            .filter(|(name, _)| **name != "seconds")
+            .map(|(name, c)| format!("{name}: {c:?}"))
+            .collect()
     }
 }
