@@ -251,8 +251,7 @@ impl AggregateUDFImpl for FitAggregate {
             model: self.model,
             options,
             layout,
-            rows: Vec::new(),
-            row_bytes: 0,
+            collected: Collected::default(),
         }))
     }
 
@@ -277,40 +276,23 @@ impl AggregateUDFImpl for FitAggregate {
     }
 }
 
-/// One collected outcome row.
-#[derive(Debug, Clone, PartialEq)]
+/// One collected outcome row; its covariates are a range of [`Collected`]'s shared buffers
+/// (no allocation per row).
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Row {
     stratum: Option<i64>,
     /// NULL for models that do not use time.
     time: Option<f64>,
     y: f64,
-    ids: Vec<i64>,
-    /// One value per id; `None`: every value is 1 (indicators, nothing allocated).
-    values: Option<Vec<f64>>,
     cluster: Option<i64>,
+    /// Its covariate ids: `ids[first..first + len]`.
+    first: usize,
+    len: usize,
+    /// Its values start at `values[v]` (one per id); `None`: every value is 1 (indicators).
+    values_at: Option<usize>,
 }
 
 impl Row {
-    /// The covariate values, one per id.
-    fn values(&self) -> impl Iterator<Item = f64> + '_ {
-        let ones = match &self.values {
-            Some(_) => 0,
-            None => self.ids.len(),
-        };
-        self.values
-            .iter()
-            .flatten()
-            .copied()
-            .chain(std::iter::repeat_n(1.0, ones))
-    }
-
-    /// Heap and inline bytes (what `Accumulator::size` counts).
-    fn bytes(&self) -> usize {
-        std::mem::size_of::<Row>()
-            + self.ids.capacity() * 8
-            + self.values.as_ref().map_or(0, |v| v.capacity() * 8)
-    }
-
     /// How errors name the row: aggregate input rows have no stable number.
     fn describe(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "NULL".into());
@@ -323,14 +305,42 @@ impl Row {
     }
 }
 
+/// The rows a group's accumulator collected, with their covariates in two flat buffers.
+#[derive(Debug, Default)]
+struct Collected {
+    rows: Vec<Row>,
+    ids: Vec<i64>,
+    /// Values of the rows that have other values than 1.
+    values: Vec<f64>,
+}
+
+impl Collected {
+    fn ids(&self, r: &Row) -> &[i64] {
+        &self.ids[r.first..r.first + r.len]
+    }
+
+    /// The covariate values of `r`, one per id.
+    fn values(&self, r: &Row) -> impl Iterator<Item = f64> + '_ {
+        let (given, ones) = match r.values_at {
+            Some(v) => (&self.values[v..v + r.len], 0),
+            None => (&self.values[..0], r.len),
+        };
+        given.iter().copied().chain(std::iter::repeat_n(1.0, ones))
+    }
+
+    /// Bytes held (what `Accumulator::size` reports).
+    fn bytes(&self) -> usize {
+        self.rows.capacity() * std::mem::size_of::<Row>()
+            + (self.ids.capacity() + self.values.capacity()) * 8
+    }
+}
+
 #[derive(Debug)]
 struct FitAccumulator {
     model: ModelKind,
     options: FitOptions,
     layout: Layout,
-    rows: Vec<Row>,
-    /// Σ `Row::bytes` over `rows` (kept as rows arrive: `size` is asked after every batch).
-    row_bytes: usize,
+    collected: Collected,
 }
 
 fn as_i64(a: &ArrayRef) -> DfResult<Int64Array> {
@@ -367,6 +377,17 @@ impl FitAccumulator {
         clusters: Option<&Int64Array>,
     ) -> DfResult<()> {
         let needs_time = self.model.needs_time();
+        let id_offsets = ids.value_offsets();
+        let id_values = ids
+            .values()
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        let values = values.map(|list| {
+            (
+                list,
+                list.values()
+                    .as_primitive::<datafusion::arrow::datatypes::Float64Type>(),
+            )
+        });
         for i in 0..time.len() {
             let stratum = (!strata.is_null(i)).then(|| strata.value(i));
             let row_time = (!time.is_null(i)).then(|| time.value(i));
@@ -394,37 +415,36 @@ impl FitAccumulator {
                     self.model.name()
                 );
             }
-            let id_list: Vec<i64> = if ids.is_null(i) {
-                Vec::new()
+            let (first, end) = if ids.is_null(i) {
+                (0, 0)
             } else {
-                let v = ids.value(i);
-                let v = v.as_primitive::<datafusion::arrow::datatypes::Int64Type>();
-                if v.null_count() > 0 {
-                    return exec_err!(
-                        "{}_fit_agg: covariate_ids contains NULL in the input row with {}, y {}",
-                        self.model.name(),
-                        describe(),
-                        y.value(i)
-                    );
-                }
-                v.values().to_vec()
+                (id_offsets[i] as usize, id_offsets[i + 1] as usize)
             };
-            let value_list: Option<Vec<f64>> = match values {
-                Some(vals) if !vals.is_null(i) => {
-                    let v = vals.value(i);
-                    let v = v.as_primitive::<datafusion::arrow::datatypes::Float64Type>();
-                    if v.len() != id_list.len() {
+            if id_values.null_count() > 0 && (first..end).any(|k| id_values.is_null(k)) {
+                return exec_err!(
+                    "{}_fit_agg: covariate_ids contains NULL in the input row with {}, y {}",
+                    self.model.name(),
+                    describe(),
+                    y.value(i)
+                );
+            }
+            let len = end - first;
+            let values_at = match values {
+                Some((list, vals)) if !list.is_null(i) => {
+                    let offsets = list.value_offsets();
+                    let (v0, v1) = (offsets[i] as usize, offsets[i + 1] as usize);
+                    if v1 - v0 != len {
                         return exec_err!(
                             "{}_fit_agg: covariate_values has {} entries but covariate_ids has {} \
                              in the input row with {}, y {}",
                             self.model.name(),
-                            v.len(),
-                            id_list.len(),
+                            v1 - v0,
+                            len,
                             describe(),
                             y.value(i)
                         );
                     }
-                    if v.null_count() > 0 {
+                    if vals.null_count() > 0 && (v0..v1).any(|k| vals.is_null(k)) {
                         return exec_err!(
                             "{}_fit_agg: covariate_values contains NULL in the input row with {}, \
                              y {}",
@@ -434,21 +454,28 @@ impl FitAccumulator {
                         );
                     }
                     // All ones (indicators, e.g. a partial state's lists): nothing to keep.
-                    let v = v.values();
-                    (!v.iter().all(|&x| x == 1.0)).then(|| v.to_vec())
+                    let v = &vals.values()[v0..v1];
+                    (!v.iter().all(|&x| x == 1.0)).then(|| {
+                        let at = self.collected.values.len();
+                        self.collected.values.extend_from_slice(v);
+                        at
+                    })
                 }
                 _ => None,
             };
-            let row = Row {
+            let at = self.collected.ids.len();
+            self.collected
+                .ids
+                .extend_from_slice(&id_values.values()[first..end]);
+            self.collected.rows.push(Row {
                 stratum,
                 time: if needs_time { row_time } else { None },
                 y: y.value(i),
-                ids: id_list,
-                values: value_list,
                 cluster: clusters.and_then(|c| (!c.is_null(i)).then(|| c.value(i))),
-            };
-            self.row_bytes += row.bytes();
-            self.rows.push(row);
+                first: at,
+                len,
+                values_at,
+            });
         }
         Ok(())
     }
@@ -456,18 +483,28 @@ impl FitAccumulator {
     fn fit_group(
         model: ModelKind,
         options: &FitOptions,
-        mut rows: Vec<Row>,
+        collected: Collected,
     ) -> epifusion_core::Result<epifusion_core::fit::FitResult> {
+        let Collected {
+            mut rows,
+            ids,
+            values,
+        } = collected;
+        let c = Collected {
+            rows: Vec::new(),
+            ids,
+            values,
+        };
         // Canonical order: results never depend on batch arrival order.
         rows.sort_by(|a, b| {
             a.stratum
                 .cmp(&b.stratum)
                 .then(a.time.unwrap_or(1.0).total_cmp(&b.time.unwrap_or(1.0)))
                 .then(a.y.total_cmp(&b.y))
-                .then(a.ids.cmp(&b.ids))
+                .then_with(|| c.ids(a).cmp(c.ids(b)))
                 .then_with(|| {
-                    a.values()
-                        .zip(b.values())
+                    c.values(a)
+                        .zip(c.values(b))
                         .map(|(x, y)| x.total_cmp(&y))
                         .find(|o| o.is_ne())
                         .unwrap_or(std::cmp::Ordering::Equal)
@@ -484,7 +521,7 @@ impl FitAccumulator {
                 cluster_id: r.cluster,
                 ..Default::default()
             });
-            for (&id, v) in r.ids.iter().zip(r.values()) {
+            for (&id, v) in c.ids(r).iter().zip(c.values(r)) {
                 b.push_covariate(k as i64, id, v);
             }
         }
@@ -568,14 +605,13 @@ impl Accumulator for FitAccumulator {
 
     fn evaluate(&mut self) -> DfResult<ScalarValue> {
         let fields = coefficient_fields();
-        if self.rows.is_empty() {
+        if self.collected.rows.is_empty() {
             return Ok(ScalarValue::List(Arc::new(ListArray::new_null(
                 Arc::new(Field::new("item", DataType::Struct(fields), true)),
                 1,
             ))));
         }
-        let rows = std::mem::take(&mut self.rows);
-        self.row_bytes = 0;
+        let rows = std::mem::take(&mut self.collected);
         let (model, mut options) = (self.model, self.options.clone());
         // The query's token when a `FitScopeExec` polls this aggregate: the fit stops within
         // one cycle once the query's stream is dropped (crate::cancel_scope).
@@ -619,9 +655,7 @@ impl Accumulator for FitAccumulator {
     }
 
     fn size(&self) -> usize {
-        std::mem::size_of_val(self)
-            + (self.rows.capacity() - self.rows.len()) * std::mem::size_of::<Row>()
-            + self.row_bytes
+        std::mem::size_of_val(self) + self.collected.bytes()
     }
 
     fn state(&mut self) -> DfResult<Vec<ScalarValue>> {
@@ -631,18 +665,22 @@ impl Accumulator for FitAccumulator {
         let mut ids = ListBuilder::new(ListBuilder::new(Int64Builder::new()));
         let mut vals = ListBuilder::new(ListBuilder::new(Float64Builder::new()));
         let mut clusters = ListBuilder::new(Int64Builder::new());
-        for r in &self.rows {
+        let c = &self.collected;
+        for r in &c.rows {
             strata.values().append_option(r.stratum);
             time.values().append_option(r.time);
             clusters.values().append_option(r.cluster);
             y.values().append_value(r.y);
-            ids.values().values().append_slice(&r.ids);
+            ids.values().values().append_slice(c.ids(r));
             ids.values().append(true);
-            match &r.values {
-                Some(v) => vals.values().values().append_slice(v),
-                None => vals.values().values().append_value_n(1.0, r.ids.len()),
+            // A NULL list: every value is 1 (as for `covariate_values` given as NULL).
+            match r.values_at {
+                Some(v) => {
+                    vals.values().values().append_slice(&c.values[v..v + r.len]);
+                    vals.values().append(true);
+                }
+                None => vals.values().append(false),
             }
-            vals.values().append(true);
         }
         strata.append(true);
         time.append(true);
@@ -729,8 +767,7 @@ mod accumulator_tests {
                 cluster: None,
                 has_options: false,
             },
-            rows: Vec::new(),
-            row_bytes: 0,
+            collected: Collected::default(),
         }
     }
 
@@ -782,15 +819,18 @@ mod accumulator_tests {
         plain
             .update_batch(&[strata.clone(), time.clone(), y.clone(), ids(&id_refs)])
             .unwrap();
-        assert!(plain.rows.iter().all(|r| r.values.is_none()));
+        let indicators = |a: &FitAccumulator| {
+            a.collected.rows.iter().all(|r| r.values_at.is_none()) && a.collected.values.is_empty()
+        };
+        assert!(indicators(&plain));
         let mut explicit = accumulator(true);
         explicit
             .update_batch(&[strata, time, y, ids(&id_refs), values(&one_refs)])
             .unwrap();
-        assert!(explicit.rows.iter().all(|r| r.values.is_none()));
-        let recount = |a: &FitAccumulator| a.rows.iter().map(Row::bytes).sum::<usize>();
-        assert_eq!(plain.row_bytes, recount(&plain));
-        assert!(plain.size() >= plain.row_bytes);
+        assert!(indicators(&explicit));
+        let entries: usize = id_rows.iter().map(Vec::len).sum();
+        assert_eq!(plain.collected.ids.len(), entries);
+        assert!(plain.size() >= n * std::mem::size_of::<Row>() + entries * 8);
 
         // A partial state (values written out as ones) merged into a final accumulator.
         let state: Vec<ArrayRef> = plain
@@ -801,11 +841,11 @@ mod accumulator_tests {
             .collect();
         let mut merged = accumulator(false);
         merged.merge_batch(&state).unwrap();
-        assert!(merged.rows.iter().all(|r| r.values.is_none()));
-        assert_eq!(merged.row_bytes, recount(&merged));
+        assert!(indicators(&merged));
+        assert_eq!(merged.collected.ids, plain.collected.ids);
 
         let a = fitted(plain.evaluate().unwrap());
-        assert_eq!(plain.row_bytes, 0);
+        assert!(plain.collected.rows.is_empty());
         assert_eq!(a, fitted(explicit.evaluate().unwrap()));
         assert_eq!(a, fitted(merged.evaluate().unwrap()));
 
@@ -823,10 +863,12 @@ mod accumulator_tests {
             values(&half_refs),
         ])
         .unwrap();
-        assert!(real
+        let c = &real.collected;
+        assert!(c
             .rows
             .iter()
-            .all(|r| r.ids.is_empty() || r.values.as_deref() == Some(&vec![0.5; r.ids.len()][..])));
+            .all(|r| c.values(r).eq(std::iter::repeat_n(0.5, r.len))));
+        assert_eq!(c.values.len(), entries);
         assert_ne!(fitted(real.evaluate().unwrap()), a);
     }
 
