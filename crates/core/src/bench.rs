@@ -12,7 +12,7 @@
 //! xoshiro256**), so the data depend only on the seed.
 
 use crate::error::{Error, Result};
-use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows, Strata};
+use crate::model::design::{Column, ColumnFormat, DesignMatrix, Rows, Strata, Values};
 
 pub use crate::model::rng::Rng;
 
@@ -221,14 +221,17 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
         })
         .collect();
     let mut columns: Vec<Vec<u32>> = vec![Vec::new(); drugs];
-    let mut time = Vec::new();
-    let mut y = Vec::new();
-    let mut stratum: Vec<u32> = Vec::new();
+    // Per-row data in its compact form from the start (time u16, y u8, one stratum run per
+    // case): as f64 and u32 vectors it would take 20 B per row, several times the CSC size.
+    let mut time = Values::new();
+    let mut y = Values::new();
+    let mut stratum = Strata::default();
     // Per-case scratch.
     let mut eras: Vec<(u32, u32, u32)> = Vec::new(); // (start, end inclusive, drug)
     let mut cuts: Vec<u32> = Vec::new();
     let mut interval_drugs: Vec<Vec<u32>> = Vec::new();
     let mut weights: Vec<f64> = Vec::new();
+    let mut case_y: Vec<f64> = Vec::new();
     // Exposed (case, drug) pairs: per drug, the exposed cases by geometric skipping (one draw
     // per exposed case rather than one per case and drug), then grouped by case.
     let mut exposed: Vec<(u32, u32)> = Vec::new();
@@ -295,35 +298,40 @@ pub fn sccs_data(cases: usize, drugs: usize, seed: u64) -> Result<BenchData> {
             total += f64::from(cuts[k + 1] - cuts[k]) * eta.exp();
             weights.push(total);
         }
+        case_y.clear();
+        case_y.resize(n_int, 0.0);
+        let events = 1 + rng.poisson(0.25);
+        for _ in 0..events {
+            let u = rng.uniform() * total;
+            let k = weights.partition_point(|&w| w < u).min(n_int - 1);
+            case_y[k] += 1.0;
+        }
         let first_row = time.len();
         for k in 0..n_int {
             time.push(f64::from(cuts[k + 1] - cuts[k]));
-            y.push(0.0);
+            y.push(case_y[k]);
             stratum.push(case as u32);
             let row = (first_row + k) as u32;
             for &j in &interval_drugs[k] {
                 columns[j as usize].push(row);
             }
         }
-        let events = 1 + rng.poisson(0.25);
-        for _ in 0..events {
-            let u = rng.uniform() * total;
-            let k = weights.partition_point(|&w| w < u).min(n_int - 1);
-            y[first_row + k] += 1.0;
-        }
     }
+    time.shrink_to_fit();
+    y.shrink_to_fit();
+    stratum.shrink_to_fit();
     let n = time.len();
     if n > u32::MAX as usize {
         return Err(Error::option("n", "too many intervals (> 2^32)"));
     }
     let rows = Rows {
         row_id: (1..=n as i64).collect(),
-        stratum: stratum.into(),
+        stratum,
         stratum_ids: (1..=cases as i64).collect(),
         has_strata: true,
-        time: time.into(),
+        time,
         start_time: None,
-        y: y.into(),
+        y,
         weight: None,
         offset: None,
         censor_weight: None,
