@@ -8,12 +8,15 @@
 //! reads `PREFIX.out.bin` (little-endian records row id i64, stratum id i64, time f64, y f64)
 //! and `PREFIX.cov.bin` (row id i64, covariate id i64), the bench folder's Parquet files
 //! dumped as raw records (the core crate reads no Parquet). With `--generate CASES` instead of
-//! `PREFIX`, the design comes from `bench::sccs_data` (J = 1000, seed 123). Prints the sizes,
+//! `PREFIX`, the design comes from `bench::sccs_data` (J = 1000, seed 123). With
+//! `--dump PREFIX [CASES]`, writes that generated design as `PREFIX.out.bin` / `PREFIX.cov.bin`
+//! in the bench files' order (outcomes by row id, entries by row id then covariate id) and
+//! exits: the files then give the long-format path the same model. Prints the sizes,
 //! the fit, a fingerprint of β and the peak RSS over the CSC bytes: the process's peak (data and
 //! fit), and the fit's own (the peak is reset after the data are built, where Linux allows it).
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, BufWriter, Read, Write};
 
 use epifusion_core::bench::{cpu_seconds, peak_rss_bytes, sccs_data};
 use epifusion_core::fit::{fit_owned, CiMethod, FitOptions};
@@ -52,8 +55,68 @@ fn load(prefix: &str) -> DesignMatrix {
     b.build().expect("design")
 }
 
+/// Write `design` as `PREFIX.out.bin` / `PREFIX.cov.bin` (the records [`load`] reads).
+fn dump(design: &DesignMatrix, prefix: &str) -> std::io::Result<()> {
+    let rows = &design.rows;
+    let n = design.n_rows();
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(format!("{prefix}.out.bin"))?);
+    for i in 0..n {
+        let stratum = rows.stratum_ids[rows.stratum.get(i) as usize];
+        for w in [
+            rows.row_id.get(i) as u64,
+            stratum as u64,
+            rows.time.get(i).to_bits(),
+            rows.y.get(i).to_bits(),
+        ] {
+            out.write_all(&w.to_le_bytes())?;
+        }
+    }
+    out.flush()?;
+    // Entries by row (CSR), covariate ids increasing within a row as the columns are.
+    let mut start = vec![0usize; n + 1];
+    for c in &design.columns {
+        for (i, _) in c.entries() {
+            start[i + 1] += 1;
+        }
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut ids = vec![0i64; start[n]];
+    for c in &design.columns {
+        for (i, v) in c.entries() {
+            assert_eq!(v, 1.0, "the dump writes indicator entries only");
+            ids[fill[i]] = c.id;
+            fill[i] += 1;
+        }
+    }
+    let mut cov = BufWriter::with_capacity(1 << 20, File::create(format!("{prefix}.cov.bin"))?);
+    for i in 0..n {
+        for &id in &ids[start[i]..start[i + 1]] {
+            cov.write_all(&(rows.row_id.get(i) as u64).to_le_bytes())?;
+            cov.write_all(&(id as u64).to_le_bytes())?;
+        }
+    }
+    cov.flush()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--dump") {
+        let prefix = args
+            .get(2)
+            .expect("usage: sccs_memory --dump PREFIX [CASES]");
+        let n = args.get(3).map_or(1_000_000, |s| s.parse().expect("cases"));
+        let design = sccs_data(n, 1000, 123).expect("data").design;
+        dump(&design, prefix).expect("dump");
+        println!(
+            "wrote {prefix}.out.bin ({} rows), {prefix}.cov.bin ({} entries)",
+            design.n_rows(),
+            design.nnz()
+        );
+        return;
+    }
     let cpu0 = cpu_seconds().unwrap_or(0.0);
     let design = match args.get(1).map(String::as_str) {
         Some("--generate") => {
@@ -61,7 +124,7 @@ fn main() {
             sccs_data(n, 1000, 123).expect("data").design
         }
         Some(prefix) => load(prefix),
-        None => panic!("usage: sccs_memory PREFIX | --generate CASES"),
+        None => panic!("usage: sccs_memory PREFIX | --generate CASES | --dump PREFIX [CASES]"),
     };
     let cpu_data = cpu_seconds().unwrap_or(0.0) - cpu0;
     let csc = design.csc_bytes();
