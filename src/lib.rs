@@ -38,7 +38,10 @@ pub mod backend {
 
 /// Install the CUDA backend (cargo feature `cuda`) for this process, so that `device: auto` and
 /// `device: cuda` can use a GPU. The CLI, SQL sessions and [`backend::gpu`] call it; library
-/// users fitting through [`fit`] directly call it once first. Cheap and idempotent.
+/// users fitting through [`fit`] directly call it once first. Cheap and idempotent. It also
+/// registers the cluster tasks this program runs ([`pipeline::remote`]: a pipeline unit sent by
+/// `epifusion run --cluster`), so that every node started from this binary can run them.
 pub fn init() {
     epifusion_cuda::install();
+    epifusion_pipeline::remote::register();
 }

@@ -24,6 +24,11 @@ pub(crate) struct RunArgs {
     /// concurrent run without a lock is not detected.
     #[arg(long)]
     pub(crate) no_lock: bool,
+    /// Build and fit each analysis unit on a Ballista cluster (`df://HOST:PORT`, the scheduler
+    /// of `epifusion scheduler`): the OMOP store must be a path every node can read or an
+    /// object-store URL; this process checks the store and writes the output.
+    #[arg(long)]
+    pub(crate) cluster: Option<String>,
 }
 
 pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
@@ -36,7 +41,23 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
     };
     let progress = Progress::new(pipeline.analyses.len());
     let rt = runtime()?;
-    let summary = rt.block_on(run::run(&pipeline, opts, &progress))?;
+    let summary = rt.block_on(async {
+        let cluster = match &a.cluster {
+            Some(url) if !a.dry_run => Some(
+                epifusion::cluster::cluster_session(
+                    url,
+                    &epifusion::engine::session::SessionOptions {
+                        omop: Some(pipeline.omop.clone()),
+                        batch_size: None,
+                    },
+                )
+                .await
+                .with_context(|| format!("cannot open the cluster {url}"))?,
+            ),
+            _ => None,
+        };
+        anyhow::Ok(run::run_on(&pipeline, opts, &progress, cluster.as_ref()).await?)
+    })?;
     if a.dry_run {
         println!(
             "pipeline {} ({}): OMOP {} → {}",

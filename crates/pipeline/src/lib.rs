@@ -21,6 +21,7 @@ pub mod many;
 pub mod output;
 pub mod plan;
 pub mod progress;
+pub mod remote;
 pub mod report;
 pub mod run;
 pub mod sccs_results;

@@ -269,7 +269,17 @@ pub fn load(
     omop: Option<&str>,
     output: Option<&str>,
 ) -> Result<Pipeline, PipelineError> {
-    let source = Source::read(path)?;
+    load_source(Source::read(path)?, path, omop, output)
+}
+
+/// [`load`] of a file's text (`source`, named as read from `path`, relative to whose folder the
+/// file's `omop` and `output` are resolved when not overridden).
+pub fn load_source(
+    source: Source,
+    path: &Path,
+    omop: Option<&str>,
+    output: Option<&str>,
+) -> Result<Pipeline, PipelineError> {
     let file = spec::parse(&source)?;
     spec::check(&file, &source)?;
     let base = path.parent().unwrap_or(Path::new("."));

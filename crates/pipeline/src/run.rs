@@ -282,6 +282,18 @@ pub async fn run(
     opts: RunOptions,
     progress: &Progress,
 ) -> Result<RunSummary, PipelineError> {
+    run_on(p, opts, progress, None).await
+}
+
+/// [`run`], with each unit's build and fit on the cluster of the session `cluster` when given
+/// (a Ballista client session holding the store's tables: [`crate::remote`]). The client still
+/// checks the store and writes the output.
+pub async fn run_on(
+    p: &Pipeline,
+    opts: RunOptions,
+    progress: &Progress,
+    cluster: Option<&SessionContext>,
+) -> Result<RunSummary, PipelineError> {
     let started = SystemTime::now();
     let clock = Instant::now();
     for a in &p.analyses {
@@ -365,7 +377,10 @@ pub async fn run(
     // released at the end whatever happens (a killed run leaves it stale: see `lock`).
     let run = run_id(started);
     let lock = OutputLock::acquire(&out, &run, &p.source.name, opts.no_lock, progress).await?;
-    let result = run_locked(&ctx, p, opts, progress, &out, &lock, &run, started, clock).await;
+    let result = run_locked(
+        &ctx, p, opts, progress, &out, &lock, &run, started, clock, cluster,
+    )
+    .await;
     let display = lock.display.clone();
     match (lock.release(&out).await, result) {
         (Ok(()), result) => result,
@@ -397,6 +412,7 @@ async fn run_locked(
     run: &str,
     started: SystemTime,
     clock: Instant,
+    cluster: Option<&SessionContext>,
 ) -> Result<RunSummary, PipelineError> {
     let mut done = Vec::new();
     for a in &p.analyses {
@@ -435,7 +451,11 @@ async fn run_locked(
             progress.advance();
             continue;
         }
-        match run_unit(ctx, p, a, out, &run, &tag, progress, &ps_cache, &era_cache).await {
+        match run_unit(
+            ctx, p, a, out, &run, &tag, progress, &ps_cache, &era_cache, cluster,
+        )
+        .await
+        {
             Ok((m, mref)) => {
                 progress.log(&format!(
                     "{tag}: complete ({}, {:.1} s)",
@@ -628,13 +648,16 @@ async fn run_unit(
     progress: &Progress,
     ps_cache: &super::cohort_adjust::PsCache,
     era_cache: &epifusion_sql::study::ExposureEraCache,
+    cluster: Option<&SessionContext>,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
-    let staged = if a.exposures.is_empty() {
-        single_stage(ctx, p, a, tag, progress, ps_cache).await?
-    } else {
-        crate::many::outcome_stage(ctx, a, tag, progress, era_cache).await?
+    let staged = match cluster {
+        Some(cluster) => {
+            progress.step(&format!("{tag}: building and fitting on the cluster"));
+            crate::remote::remote_stage(cluster, p, a, tag).await?
+        }
+        None => stage(ctx, p, a, tag, progress, ps_cache, era_cache).await?,
     };
     let Staged {
         fitted,
@@ -726,6 +749,7 @@ async fn run_unit(
 }
 
 /// What building and fitting a unit gives, before it is written.
+#[derive(Clone)]
 pub(crate) struct Staged {
     pub(crate) fitted: Fitted,
     pub(crate) diagnostics: Vec<RecordBatch>,
@@ -735,6 +759,24 @@ pub(crate) struct Staged {
     pub(crate) fit_seconds: f64,
     /// More tables of the unit, by name (written beside the others).
     pub(crate) extra: Vec<(String, Vec<RecordBatch>)>,
+}
+
+/// Build and fit the unit `a` in `ctx` (a unit of one fit, or of one outcome over several
+/// exposures).
+pub(crate) async fn stage(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+    tag: &str,
+    progress: &Progress,
+    ps_cache: &super::cohort_adjust::PsCache,
+    era_cache: &epifusion_sql::study::ExposureEraCache,
+) -> Result<Staged, PipelineError> {
+    if a.exposures.is_empty() {
+        single_stage(ctx, p, a, tag, progress, ps_cache).await
+    } else {
+        crate::many::outcome_stage(ctx, a, tag, progress, era_cache).await
+    }
 }
 
 /// Build and fit a unit of one fit.
@@ -893,6 +935,7 @@ pub(crate) fn parquet_batches(bytes: bytes::Bytes) -> DfResult<Vec<RecordBatch>>
 }
 
 /// What the fit step produces.
+#[derive(Clone)]
 pub(crate) struct Fitted {
     pub(crate) estimates: Vec<RecordBatch>,
     pub(crate) attrition: Vec<RecordBatch>,

@@ -76,6 +76,17 @@ pub enum NodeSpec {
         #[serde(default, skip_serializing_if = "StudyInputs::is_empty")]
         tables: StudyInputs,
     },
+    /// Work of a crate above this one, run by the runner registered as `kind` in the process
+    /// that executes the node ([`crate::remote_task`]): no children.
+    Task {
+        /// The runner's name, e.g. `pipeline_unit`.
+        kind: String,
+        /// Its input (JSON).
+        payload: String,
+        /// The client session's tables the task reads (as for a study build).
+        #[serde(default, skip_serializing_if = "StudyInputs::is_empty")]
+        tables: StudyInputs,
+    },
 }
 
 impl NodeSpec {
@@ -85,6 +96,7 @@ impl NodeSpec {
             NodeSpec::Fit { function, .. }
             | NodeSpec::Study { function, .. }
             | NodeSpec::Cohort { function, .. } => function,
+            NodeSpec::Task { kind, .. } => kind,
             NodeSpec::EmpiricalNull => "empirical_null",
             NodeSpec::CalibrateEstimates => "calibrate_estimates",
         }
@@ -105,7 +117,7 @@ impl NodeSpec {
             NodeSpec::Fit { .. } => 1..=2,
             NodeSpec::EmpiricalNull => 1..=1,
             NodeSpec::CalibrateEstimates => 2..=2,
-            NodeSpec::Study { .. } => 0..=0,
+            NodeSpec::Study { .. } | NodeSpec::Task { .. } => 0..=0,
             NodeSpec::Cohort { .. } => 1..=3,
         }
     }
@@ -120,6 +132,8 @@ enum Work {
     Study(crate::study::functions::StudyWork),
     Diagnostics(crate::study::diagnostics::DiagnosticsWork),
     Cohort(crate::cohort_ps::CohortWork),
+    /// A registered runner and its payload.
+    Task(String, String),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -158,8 +172,52 @@ impl EpiExec {
                 children.len()
             ));
         }
-        let role = spec.role()?;
-        let (work, schema) = match (&spec, role) {
+        let (work, schema) = match (&spec, spec.role()) {
+            (NodeSpec::Task { kind, payload, .. }, _) => (
+                Work::Task(kind.clone(), payload.clone()),
+                crate::remote_task::schema(),
+            ),
+            (_, Err(e)) => return Err(e),
+            (_, Ok(role)) => Self::work_of(&spec, role, &children)?,
+        };
+        let carries_tables = matches!(&spec, NodeSpec::Study { tables, .. } | NodeSpec::Task { tables, .. } if !tables.is_empty());
+        if matches!(work, Work::Study(_) | Work::Diagnostics(_) | Work::Task(..))
+            && study_context.is_none()
+            && !carries_tables
+        {
+            return Err(plan_datafusion_err!(
+                "{}: a study build needs a session with the OMOP tables",
+                spec.function()
+            ));
+        }
+        let projected = match &projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => schema.clone(),
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(projected),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(EpiExec {
+            spec,
+            work,
+            children,
+            schema,
+            projection,
+            study_context,
+            properties,
+        })
+    }
+
+    /// The work and full output schema of a node that is a SQL function's.
+    fn work_of(
+        spec: &NodeSpec,
+        role: SqlRole,
+        children: &[Arc<dyn ExecutionPlan>],
+    ) -> DfResult<(Work, SchemaRef)> {
+        Ok(match (spec, role) {
             (NodeSpec::Fit { function, options }, SqlRole::Fit(model)) => {
                 let work = crate::fit_table::FitWork::parse(function, model, options)?;
                 let schema = work.schema();
@@ -212,35 +270,6 @@ impl EpiExec {
                     spec.function()
                 ))
             }
-        };
-        let carries_tables = matches!(&spec, NodeSpec::Study { tables, .. } if !tables.is_empty());
-        if matches!(work, Work::Study(_) | Work::Diagnostics(_))
-            && study_context.is_none()
-            && !carries_tables
-        {
-            return Err(plan_datafusion_err!(
-                "{}: a study build needs a session with the OMOP tables",
-                spec.function()
-            ));
-        }
-        let projected = match &projection {
-            Some(p) => Arc::new(schema.project(p)?),
-            None => schema.clone(),
-        };
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(projected),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
-        Ok(EpiExec {
-            spec,
-            work,
-            children,
-            schema,
-            projection,
-            study_context,
-            properties,
         })
     }
 
@@ -304,6 +333,20 @@ impl EpiExec {
                 }
             },
             Work::Cohort(w) => w.run(&schema, children, context).await,
+            Work::Task(kind, payload) => {
+                let runner = crate::remote_task::runner(&kind)?;
+                let parts = match tables {
+                    Some((_, tables)) => runner(tables.session(&context)?, payload)
+                        .await
+                        .map_err(|e| tables.explain(&kind, e))?,
+                    None => {
+                        let ctx = study_context
+                            .ok_or_else(|| exec_datafusion_err!("a task needs a session"))?;
+                        runner(ctx, payload).await?
+                    }
+                };
+                crate::remote_task::encode(&parts)
+            }
         }
     }
 }
@@ -382,6 +425,11 @@ impl ExecutionPlan for EpiExec {
         let tables = match &self.spec {
             NodeSpec::Study {
                 function, tables, ..
+            }
+            | NodeSpec::Task {
+                kind: function,
+                tables,
+                ..
             } if !tables.is_empty() => Some((function.clone(), tables.clone())),
             _ => None,
         };
@@ -451,6 +499,7 @@ impl EpiCodec {
             .with_default_features()
             .with_catalog_list(catalog)
             .build();
+        state = crate::unnest_keys::guard_state(state);
         crate::session::register_table_functions(&mut state);
         Ok(SessionContext::new_with_state(state))
     }

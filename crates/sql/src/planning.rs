@@ -110,7 +110,7 @@ pub fn planning_state(session: &dyn Session) -> SessionState {
             .with_query_planner(session.query_planner())
             .with_physical_optimizer_rules(session.physical_optimizers().to_vec());
     }
-    let mut state = builder.build();
+    let mut state = crate::unnest_keys::guard_state(builder.build());
     crate::session::register_table_functions(&mut state);
     state
 }

@@ -34,9 +34,11 @@ pub fn function_names() -> Vec<&'static str> {
 /// install the CUDA backend for the process, so that fits with `device: auto | cuda` can find a
 /// GPU). The session's stored design matrices ([`DesignRegistry`]) live in its configuration's
 /// extensions, so that input queries planned through the `Session` trait reach them
-/// ([`crate::planning::planning_state`]).
+/// ([`crate::planning::planning_state`]). The session's optimizer rules get the guard of
+/// [`crate::unnest_keys`] (an unnest of a list keeps no functional dependencies).
 pub fn register_all(ctx: &SessionContext) {
     epifusion_cuda::install();
+    crate::unnest_keys::guard_session(ctx);
     let designs = Arc::new(DesignRegistry::default());
     ctx.state_ref()
         .write()

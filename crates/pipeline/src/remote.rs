@@ -1,0 +1,264 @@
+//! `epifusion run --cluster`: each analysis unit's study build and fit run on a cluster
+//! executor.
+//!
+//! The client loads and checks the pipeline, takes the output lock, and for each unit to
+//! compute sends one task ([`epifusion_sql::remote_task`], kind [`TASK`]) to the cluster: the
+//! pipeline file's text, the resolved store and output locations and the unit's id. The task
+//! carries the client's OMOP tables as plans; the executor that runs it registers them in a
+//! fresh session, reads the store itself (so the store must be a path every node can read, or
+//! an object-store URL), loads the same file, and runs the unit's build and fit with the code
+//! of a local run ([`crate::run`]'s stages). The unit's tables (estimates, attrition, covariate
+//! reference, diagnostics and the design's extra tables) come back to the client, which
+//! writes them, the manifests and the report as a local run does: the output is written by the
+//! client alone, so it need not be shared with the executors.
+//!
+//! Units run one at a time, each on one executor (a unit's fit is one model). The propensity
+//! model that a local run shares between the outcomes of one comparison is refitted by each
+//! unit's task (the same data and settings give the same model).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Float64Array, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{exec_datafusion_err, Result as DfResult, ScalarValue};
+use datafusion::prelude::SessionContext;
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{self, Analysis, Pipeline};
+use crate::progress::Progress;
+use crate::run::{Fitted, Staged};
+use crate::spec::Source;
+use crate::PipelineError;
+
+/// The task's name in [`epifusion_sql::remote_task`]'s registry.
+pub const TASK: &str = "pipeline_unit";
+
+/// Register the task runner in this process (every node of a cluster must: the `epifusion`
+/// binary does at start).
+pub fn register() {
+    epifusion_sql::remote_task::register(TASK, run_task);
+}
+
+/// What travels: enough to load the same pipeline and find the unit.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnitTask {
+    /// The file's name, as the client read it.
+    file: String,
+    /// The file's text.
+    text: String,
+    /// The store and output as the client resolved them.
+    omop: String,
+    output: String,
+    /// The unit's id.
+    analysis: String,
+    /// The unit's progress tag (`[i/n] id`).
+    tag: String,
+}
+
+/// Build and fit `a` on an executor of the cluster session `cluster` (which holds the store's
+/// tables); the staged tables, as a local stage returns them.
+pub(crate) async fn remote_stage(
+    cluster: &SessionContext,
+    p: &Pipeline,
+    a: &Analysis,
+    tag: &str,
+) -> Result<Staged, PipelineError> {
+    let task = UnitTask {
+        file: p.source.name.clone(),
+        text: p.source.text.clone(),
+        omop: p.omop.clone(),
+        output: p.output.clone(),
+        analysis: a.id.clone(),
+        tag: tag.to_string(),
+    };
+    let payload = serde_json::to_string(&task).map_err(|e| crate::run::analysis_err(a, e))?;
+    let parts = epifusion_sql::remote_task::run_on_cluster(cluster, TASK, payload)
+        .await
+        .map_err(|e| crate::run::analysis_err(a, format!("on the cluster: {e}")))?;
+    decode_staged(parts).map_err(|e| crate::run::analysis_err(a, e))
+}
+
+fn run_task(ctx: SessionContext, payload: String) -> epifusion_sql::remote_task::TaskFuture {
+    Box::pin(async move {
+        let task: UnitTask = serde_json::from_str(&payload)
+            .map_err(|e| exec_datafusion_err!("a pipeline unit task arrived garbled: {e}"))?;
+        let fail = |e: PipelineError| exec_datafusion_err!("{e}");
+        let p = plan::load_source(
+            Source {
+                name: task.file.clone(),
+                text: task.text.clone(),
+            },
+            Path::new(&task.file),
+            Some(&task.omop),
+            Some(&task.output),
+        )
+        .map_err(fail)?;
+        let a = p
+            .analyses
+            .iter()
+            .find(|a| a.id == task.analysis)
+            .ok_or_else(|| {
+                exec_datafusion_err!(
+                    "the pipeline {} has no analysis unit `{}` on this node (a different file?)",
+                    task.file,
+                    task.analysis
+                )
+            })?;
+        let staged = crate::run::stage(
+            &ctx,
+            &p,
+            a,
+            &task.tag,
+            &Progress::quiet(),
+            &crate::cohort_adjust::PsCache::new(),
+            &epifusion_sql::study::ExposureEraCache::new(),
+        )
+        .await
+        .map_err(fail)?;
+        encode_staged(staged)
+    })
+}
+
+const ESTIMATES: &str = "estimates";
+const ATTRITION: &str = "attrition";
+const COVARIATE_REF: &str = "covariate_ref";
+const DIAGNOSTICS: &str = "diagnostics";
+const META: &str = "meta";
+const EXTRA: &str = "extra:";
+const SIZE: &str = "size:";
+
+/// The staged tables as named parts; the scalars (status, rows, seconds, sizes) in a one-row
+/// `meta` table.
+fn encode_staged(s: Staged) -> DfResult<epifusion_sql::remote_task::Parts> {
+    let mut fields = vec![
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("build_seconds", DataType::Float64, false),
+        Field::new("fit_seconds", DataType::Float64, false),
+        Field::new("status", s.status.data_type(), true),
+    ];
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from(vec![s.rows as u64])),
+        Arc::new(Float64Array::from(vec![s.build_seconds])),
+        Arc::new(Float64Array::from(vec![s.fit_seconds])),
+        s.status.to_array()?,
+    ];
+    for (name, v) in &s.fitted.sizes {
+        fields.push(Field::new(format!("{SIZE}{name}"), v.data_type(), true));
+        columns.push(v.to_array()?);
+    }
+    let meta = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+    let mut parts = vec![
+        (META.to_string(), vec![meta]),
+        (ESTIMATES.to_string(), s.fitted.estimates),
+        (ATTRITION.to_string(), s.fitted.attrition),
+        (COVARIATE_REF.to_string(), s.fitted.covariate_ref),
+        (DIAGNOSTICS.to_string(), s.diagnostics),
+    ];
+    parts.extend(s.extra.into_iter().map(|(n, b)| (format!("{EXTRA}{n}"), b)));
+    Ok(parts)
+}
+
+fn decode_staged(parts: epifusion_sql::remote_task::Parts) -> DfResult<Staged> {
+    let mut staged = Staged {
+        fitted: Fitted {
+            estimates: Vec::new(),
+            attrition: Vec::new(),
+            covariate_ref: Vec::new(),
+            sizes: Vec::new(),
+        },
+        diagnostics: Vec::new(),
+        status: ScalarValue::Null,
+        rows: 0,
+        build_seconds: 0.0,
+        fit_seconds: 0.0,
+        extra: Vec::new(),
+    };
+    let mut has_meta = false;
+    for (name, batches) in parts {
+        match name.as_str() {
+            META => {
+                let b = batches
+                    .first()
+                    .filter(|b| b.num_rows() == 1)
+                    .ok_or_else(|| exec_datafusion_err!("a unit's result without its summary"))?;
+                let scalar = |i: usize| ScalarValue::try_from_array(b.column(i), 0);
+                let number = |i: usize| -> DfResult<f64> {
+                    match scalar(i)? {
+                        ScalarValue::UInt64(Some(v)) => Ok(v as f64),
+                        ScalarValue::Float64(Some(v)) => Ok(v),
+                        other => Err(exec_datafusion_err!("a unit's summary holds {other:?}")),
+                    }
+                };
+                staged.rows = number(0)? as usize;
+                staged.build_seconds = number(1)?;
+                staged.fit_seconds = number(2)?;
+                staged.status = scalar(3)?;
+                for (i, f) in b.schema().fields().iter().enumerate().skip(4) {
+                    let name = f.name().strip_prefix(SIZE).unwrap_or(f.name());
+                    staged.fitted.sizes.push((name.to_string(), scalar(i)?));
+                }
+                has_meta = true;
+            }
+            ESTIMATES => staged.fitted.estimates = batches,
+            ATTRITION => staged.fitted.attrition = batches,
+            COVARIATE_REF => staged.fitted.covariate_ref = batches,
+            DIAGNOSTICS => staged.diagnostics = batches,
+            other => match other.strip_prefix(EXTRA) {
+                Some(n) => staged.extra.push((n.to_string(), batches)),
+                None => return Err(exec_datafusion_err!("a unit's result has a part `{other}`")),
+            },
+        }
+    }
+    if !has_meta {
+        return Err(exec_datafusion_err!("a unit's result without its summary"));
+    }
+    Ok(staged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+
+    fn batch(v: Vec<i64>) -> RecordBatch {
+        let s = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        RecordBatch::try_new(s, vec![Arc::new(Int64Array::from(v))]).unwrap()
+    }
+
+    #[test]
+    fn staged_tables_round_trip() {
+        let staged = Staged {
+            fitted: Fitted {
+                estimates: vec![batch(vec![1, 2]), batch(vec![3])],
+                attrition: vec![],
+                covariate_ref: vec![batch(vec![4])],
+                sizes: vec![
+                    ("persons".into(), ScalarValue::Int64(Some(27))),
+                    ("note".into(), ScalarValue::Utf8(None)),
+                ],
+            },
+            diagnostics: vec![batch(vec![5])],
+            status: ScalarValue::Utf8(Some("converged".into())),
+            rows: 12,
+            build_seconds: 0.25,
+            fit_seconds: 1.5,
+            extra: vec![("balance".into(), vec![batch(vec![6, 7])])],
+        };
+        let parts = encode_staged(staged.clone()).unwrap();
+        let wire = epifusion_sql::remote_task::encode(&parts).unwrap();
+        let back = decode_staged(epifusion_sql::remote_task::decode(&[wire]).unwrap()).unwrap();
+        assert_eq!(back.fitted.estimates, staged.fitted.estimates);
+        assert_eq!(back.fitted.attrition, staged.fitted.attrition);
+        assert_eq!(back.fitted.covariate_ref, staged.fitted.covariate_ref);
+        assert_eq!(back.fitted.sizes, staged.fitted.sizes);
+        assert_eq!(back.diagnostics, staged.diagnostics);
+        assert_eq!(back.status, staged.status);
+        assert_eq!(back.rows, 12);
+        assert_eq!(back.build_seconds, 0.25);
+        assert_eq!(back.fit_seconds, 1.5);
+        assert_eq!(back.extra, staged.extra);
+    }
+}
