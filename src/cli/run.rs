@@ -29,6 +29,10 @@ pub(crate) struct RunArgs {
     /// object-store URL; this process checks the store and writes the output.
     #[arg(long)]
     pub(crate) cluster: Option<String>,
+    /// With --cluster: analysis units on the cluster at once (each one job on one executor;
+    /// results are written in file order).
+    #[arg(long, default_value_t = epifusion::pipeline::remote::UNITS_IN_FLIGHT)]
+    pub(crate) cluster_units: usize,
 }
 
 pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
@@ -40,6 +44,9 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
         no_lock: a.no_lock,
     };
     let progress = Progress::new(pipeline.analyses.len());
+    if a.cluster_units == 0 {
+        bail!("--cluster-units must be at least 1");
+    }
     let rt = runtime()?;
     let summary = rt.block_on(async {
         let cluster = match &a.cluster {
@@ -56,7 +63,8 @@ pub(crate) fn run_pipeline(a: &RunArgs) -> Result<()> {
             ),
             _ => None,
         };
-        anyhow::Ok(run::run_on(&pipeline, opts, &progress, cluster.as_ref()).await?)
+        let cluster = cluster.as_ref().map(|c| (c, a.cluster_units));
+        anyhow::Ok(run::run_on(&pipeline, opts, &progress, cluster).await?)
     })?;
     if a.dry_run {
         println!(

@@ -530,13 +530,11 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `epifusion run FILE [--cluster URL]` from the repository root, with its output.
-fn run_pipeline(file: &str, out: &Path, cluster: Option<&str>) -> String {
+/// `epifusion run FILE --output OUT [more]` from the repository root; its standard output.
+fn run_pipeline(file: &str, out: &Path, more: &[&str]) -> String {
     let o = out.display().to_string();
     let mut args = vec!["run", file, "--output", &o];
-    if let Some(url) = cluster {
-        args.extend(["--cluster", url]);
-    }
+    args.extend(more);
     let output = Command::new(env!("CARGO_BIN_EXE_epifusion"))
         .args(&args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -598,25 +596,11 @@ async fn result_table(ctx: &SessionContext, path: &Path) -> RecordBatch {
     all.project(&keep).unwrap()
 }
 
-/// The bundled GiBleed pipeline (Cox, Fine–Gray and an SCCS unit over two exposures) with
-/// `run --cluster`: every unit is built and fitted on an executor, and every result table
-/// (estimates, attrition, covariate reference, diagnostics and the designs' extra tables) is
-/// identical to the local run's, bit for bit; resume works as locally.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
-    let dir = test_dir("pipeline");
-    let cluster = start_cluster(&dir);
-    let (local_out, cluster_out) = (dir.join("local"), dir.join("cluster"));
-    let stdout = run_pipeline("pipelines/gibleed.toml", &local_out, None);
-    assert!(stdout.contains("(3 computed, 0 skipped"), "{stdout}");
-    let stdout = run_pipeline("pipelines/gibleed.toml", &cluster_out, Some(&cluster.url));
-    assert!(
-        stdout.contains("(3 computed, 0 skipped"),
-        "{stdout}\n{}",
-        logs(&dir)
-    );
-    let local = unit_manifests(&local_out);
-    let remote = unit_manifests(&cluster_out);
+/// Every result table of every unit of the runs in `local_out` and `cluster_out` is the same
+/// (bit for bit, timing columns and the metadata table aside); the number of tables compared.
+async fn assert_same_results(local_out: &Path, cluster_out: &Path) -> usize {
+    let local = unit_manifests(local_out);
+    let remote = unit_manifests(cluster_out);
     assert_eq!(
         local.iter().map(|(id, _)| id).collect::<Vec<_>>(),
         remote.iter().map(|(id, _)| id).collect::<Vec<_>>()
@@ -647,10 +631,43 @@ async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
             compared += 1;
         }
     }
+    compared
+}
+
+/// The bundled GiBleed pipeline (Cox, Fine–Gray and an SCCS unit over two exposures) with
+/// `run --cluster`: every unit is built and fitted on an executor (all three at once, then one
+/// at a time with `--cluster-units 1`), and every result table (estimates, attrition, covariate
+/// reference, diagnostics and the designs' extra tables) is identical to the local run's, bit
+/// for bit; resume works as locally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
+    let dir = test_dir("pipeline");
+    let cluster = start_cluster(&dir);
+    let (local_out, cluster_out) = (dir.join("local"), dir.join("cluster"));
+    let stdout = run_pipeline("pipelines/gibleed.toml", &local_out, &[]);
+    assert!(stdout.contains("(3 computed, 0 skipped"), "{stdout}");
+    let url = cluster.url.clone();
+    let stdout = run_pipeline("pipelines/gibleed.toml", &cluster_out, &["--cluster", &url]);
+    assert!(
+        stdout.contains("(3 computed, 0 skipped"),
+        "{stdout}\n{}",
+        logs(&dir)
+    );
+    let compared = assert_same_results(&local_out, &cluster_out).await;
     assert!(compared >= 12, "{compared} tables compared");
-    // A rerun on the cluster skips every complete unit.
-    let stdout = run_pipeline("pipelines/gibleed.toml", &cluster_out, Some(&cluster.url));
+    // A rerun on the cluster skips every complete unit; --force recomputes them one at a time.
+    let stdout = run_pipeline("pipelines/gibleed.toml", &cluster_out, &["--cluster", &url]);
     assert!(stdout.contains("(0 computed, 3 skipped"), "{stdout}");
+    let stdout = run_pipeline(
+        "pipelines/gibleed.toml",
+        &cluster_out,
+        &["--cluster", &url, "--cluster-units", "1", "--force"],
+    );
+    assert!(stdout.contains("(3 computed, 0 skipped"), "{stdout}");
+    assert_eq!(
+        assert_same_results(&local_out, &cluster_out).await,
+        compared
+    );
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

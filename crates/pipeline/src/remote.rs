@@ -12,16 +12,21 @@
 //! writes them, the manifests and the report as a local run does: the output is written by the
 //! client alone, so it need not be shared with the executors.
 //!
-//! Units run one at a time, each on one executor (a unit's fit is one model). The propensity
-//! model that a local run shares between the outcomes of one comparison is refitted by each
-//! unit's task (the same data and settings give the same model).
+//! Up to `--cluster-units` units (default [`UNITS_IN_FLIGHT`]) are on the cluster at once, each
+//! as one job on one executor (a unit's fit is one model), sent in file order ([`RemoteUnits`]);
+//! the client takes their results in file order, so the output, the log and a stopped run are
+//! as in a sequential run, and a unit's tables wait at most for the units before it. The
+//! propensity model that a local run shares between the outcomes of one comparison is refitted
+//! by each unit's task (the same data and settings give the same model).
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_datafusion_err, Result as DfResult, ScalarValue};
 use datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
@@ -39,6 +44,73 @@ pub const TASK: &str = "pipeline_unit";
 /// binary does at start).
 pub fn register() {
     epifusion_sql::remote_task::register(TASK, run_task);
+}
+
+/// Units on the cluster at once by default (`epifusion run --cluster-units`).
+pub const UNITS_IN_FLIGHT: usize = 4;
+
+/// The units a run computes on the cluster, sent ahead in file order: at most `in_flight` are
+/// on the cluster or waiting to be taken; [`RemoteUnits::next`] takes them in the same order.
+/// Dropping it (a run that stops) aborts the units not taken.
+pub(crate) struct RemoteUnits {
+    cluster: SessionContext,
+    pipeline: Arc<Pipeline>,
+    in_flight: usize,
+    pending: VecDeque<(Analysis, String)>,
+    running: VecDeque<(String, SpawnedTask<Result<Staged, PipelineError>>)>,
+}
+
+impl RemoteUnits {
+    /// The units `todo` (each with its progress tag), in the order the run takes them.
+    pub(crate) fn new(
+        cluster: &SessionContext,
+        p: &Pipeline,
+        todo: Vec<(Analysis, String)>,
+        in_flight: usize,
+    ) -> Self {
+        RemoteUnits {
+            cluster: cluster.clone(),
+            pipeline: Arc::new(p.clone()),
+            in_flight: in_flight.max(1),
+            pending: todo.into(),
+            running: VecDeque::new(),
+        }
+    }
+
+    /// Send units until `in_flight` are out.
+    fn fill(&mut self) {
+        while self.running.len() < self.in_flight {
+            let Some((a, tag)) = self.pending.pop_front() else {
+                break;
+            };
+            let (cluster, p) = (self.cluster.clone(), self.pipeline.clone());
+            let id = a.id.clone();
+            let task =
+                SpawnedTask::spawn(async move { remote_stage(&cluster, &p, &a, &tag).await });
+            self.running.push_back((id, task));
+        }
+    }
+
+    /// The staged tables of `a`, the next unit in order (the next units are sent first).
+    pub(crate) async fn next(&mut self, a: &Analysis) -> Result<Staged, PipelineError> {
+        self.fill();
+        let Some((id, task)) = self.running.pop_front() else {
+            return Err(crate::run::analysis_err(
+                a,
+                "this unit was not sent to the cluster",
+            ));
+        };
+        if id != a.id {
+            return Err(crate::run::analysis_err(
+                a,
+                format!("the cluster returned the unit `{id}` in its place"),
+            ));
+        }
+        self.fill();
+        task.join()
+            .await
+            .map_err(|e| crate::run::analysis_err(a, format!("the cluster task stopped: {e}")))?
+    }
 }
 
 /// What travels: enough to load the same pipeline and find the unit.

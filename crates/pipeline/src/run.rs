@@ -286,13 +286,13 @@ pub async fn run(
 }
 
 /// [`run`], with each unit's build and fit on the cluster of the session `cluster` when given
-/// (a Ballista client session holding the store's tables: [`crate::remote`]). The client still
-/// checks the store and writes the output.
+/// (a Ballista client session holding the store's tables, and the number of units sent at once:
+/// [`crate::remote`]). The client still checks the store and writes the output.
 pub async fn run_on(
     p: &Pipeline,
     opts: RunOptions,
     progress: &Progress,
-    cluster: Option<&SessionContext>,
+    cluster: Option<(&SessionContext, usize)>,
 ) -> Result<RunSummary, PipelineError> {
     let started = SystemTime::now();
     let clock = Instant::now();
@@ -412,7 +412,7 @@ async fn run_locked(
     run: &str,
     started: SystemTime,
     clock: Instant,
-    cluster: Option<&SessionContext>,
+    cluster: Option<(&SessionContext, usize)>,
 ) -> Result<RunSummary, PipelineError> {
     let mut done = Vec::new();
     for a in &p.analyses {
@@ -420,6 +420,18 @@ async fn run_locked(
     }
     let run = run.to_string();
     let n = p.analyses.len();
+    // On a cluster the units to compute are sent ahead, in the order the loop below takes them.
+    let mut remote = cluster.map(|(session, in_flight)| {
+        let todo = p
+            .analyses
+            .iter()
+            .zip(&done)
+            .enumerate()
+            .filter(|(_, (_, d))| d.is_none() || opts.force)
+            .map(|(i, (a, _))| (a.clone(), format!("[{}/{n}] {}", i + 1, a.id)))
+            .collect();
+        crate::remote::RemoteUnits::new(session, p, todo, in_flight)
+    });
     let mut summary = RunSummary {
         run_id: run.clone(),
         ..Default::default()
@@ -452,7 +464,16 @@ async fn run_locked(
             continue;
         }
         match run_unit(
-            ctx, p, a, out, &run, &tag, progress, &ps_cache, &era_cache, cluster,
+            ctx,
+            p,
+            a,
+            out,
+            &run,
+            &tag,
+            progress,
+            &ps_cache,
+            &era_cache,
+            remote.as_mut(),
         )
         .await
         {
@@ -648,14 +669,14 @@ async fn run_unit(
     progress: &Progress,
     ps_cache: &super::cohort_adjust::PsCache,
     era_cache: &epifusion_sql::study::ExposureEraCache,
-    cluster: Option<&SessionContext>,
+    remote: Option<&mut crate::remote::RemoteUnits>,
 ) -> Result<(AnalysisManifest, ObjectRef), PipelineError> {
     let started = SystemTime::now();
     let t0 = Instant::now();
-    let staged = match cluster {
-        Some(cluster) => {
+    let staged = match remote {
+        Some(remote) => {
             progress.step(&format!("{tag}: building and fitting on the cluster"));
-            crate::remote::remote_stage(cluster, p, a, tag).await?
+            remote.next(a).await?
         }
         None => stage(ctx, p, a, tag, progress, ps_cache, era_cache).await?,
     };
