@@ -584,6 +584,19 @@ fn simultaneous_step(
     updates: &mut u64,
 ) -> Option<f64> {
     let g = lik.gradients(coords);
+    let needs_h = |j: usize, gj: f64| match priors.per_coef[j] {
+        Prior::Laplace { lambda } => beta[j] != 0.0 || gj.abs() > lambda,
+        Prior::Normal { .. } | Prior::None => true,
+    };
+    // The curvatures, all at the same state: one batch (the likelihood may walk the columns
+    // in parallel).
+    let curved: Vec<usize> = coords
+        .iter()
+        .zip(&g)
+        .filter(|&(&j, &gj)| needs_h(j, gj))
+        .map(|(&j, _)| j)
+        .collect();
+    let mut hs = lik.gradient_hessians(&curved).into_iter().map(|(_, h)| h);
     let mut worst = 0.0f64;
     let mut moves: Vec<(usize, f64)> = Vec::new();
     for (&j, &gj) in coords.iter().zip(&g) {
@@ -592,12 +605,9 @@ fn simultaneous_step(
             return None;
         }
         let prior = priors.per_coef[j];
-        let needs_h = match prior {
-            Prior::Laplace { lambda } => beta[j] != 0.0 || gj.abs() > lambda,
-            Prior::Normal { .. } | Prior::None => true,
-        };
+        let needs_h = needs_h(j, gj);
         let h = if needs_h {
-            let (_, h) = lik.gradient_hessian(j);
+            let h = hs.next().unwrap_or(f64::NAN);
             if !h.is_finite() {
                 return None;
             }

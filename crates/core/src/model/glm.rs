@@ -81,6 +81,11 @@ impl RowGlm {
         cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
     }
 
+    /// The curvatures one coordinate at a time ([`Likelihood::gradient_hessians`]).
+    fn gradient_hessians(&mut self, cols: &[usize]) -> Vec<(f64, f64)> {
+        cols.iter().map(|&j| self.gradient_hessian(j)).collect()
+    }
+
     /// No scratch kept ([`Likelihood::release_scratch`]).
     fn release_scratch(&mut self) {}
 

@@ -42,6 +42,9 @@ macro_rules! delegate_likelihood {
             fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
                 self.$field.gradients(cols)
             }
+            fn gradient_hessians(&mut self, cols: &[usize]) -> Vec<(f64, f64)> {
+                self.$field.gradient_hessians(cols)
+            }
             fn release_scratch(&mut self) {
                 self.$field.release_scratch()
             }
@@ -255,6 +258,12 @@ pub trait Likelihood: Send {
     /// [`Likelihood::gradient_hessian`], to rounding; likelihoods may compute it faster).
     fn gradients(&mut self, cols: &[usize]) -> Vec<f64> {
         cols.iter().map(|&j| self.gradient_hessian(j).0).collect()
+    }
+    /// [`Likelihood::gradient_hessian`] of every j in `cols` at the current state (no update
+    /// between them; the same values, bit for bit — likelihoods may compute the columns in
+    /// parallel).
+    fn gradient_hessians(&mut self, cols: &[usize]) -> Vec<(f64, f64)> {
+        cols.iter().map(|&j| self.gradient_hessian(j)).collect()
     }
     /// Free scratch memory kept between calls (the end of a fit).
     fn release_scratch(&mut self) {}

@@ -150,6 +150,10 @@ pub struct RiskSetModel {
     min_chunk: usize,
     /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
     par_min_groups: usize,
+    /// Rows from which `set_beta` scatters in parallel chunks, and column entries from which
+    /// the segment information runs the Gram matrix beside its sweep (tests lower both).
+    par_min_rows: usize,
+    gram_min_entries: usize,
     // ---- columns ----
     /// Shared by clones: the folds of cross-validation are row weights over one copy
     /// (`risk_set/folds.rs`).
@@ -553,6 +557,8 @@ impl RiskSetModel {
             any_efron,
             min_chunk: MIN_CHUNK,
             par_min_groups: PAR_MIN_GROUPS,
+            par_min_rows: SCATTER_PAR_MIN_ROWS,
+            gram_min_entries: GRAM_PAR_MIN_ENTRIES,
             cols: Arc::new(cols),
             event_sum,
             input_row: Arc::new(order),
@@ -616,6 +622,8 @@ impl RiskSetModel {
     pub(crate) fn set_min_chunk(&mut self, entries: usize) {
         self.min_chunk = entries;
         self.par_min_groups = entries.saturating_mul(4);
+        self.par_min_rows = entries.saturating_mul(4);
+        self.gram_min_entries = entries;
     }
 
     /// Which likelihood this is.
@@ -710,11 +718,120 @@ impl RiskSetModel {
                     }
                 });
         }
-        for k in 0..self.eta.len() {
-            self.scatter(k, self.info[k].we);
+        if self.counting {
+            for k in 0..self.eta.len() {
+                self.scatter(k, self.info[k].we);
+            }
+        } else {
+            self.scatter_all();
         }
         self.refresh();
         self.fresh = true;
+    }
+
+    /// [`RiskSetModel::scatter`] of every row's w·e into the cleared difference arrays, without
+    /// (start, stop] rows: the rows are split at fixed places (a function of N only, moved to
+    /// where the position changes) into chunks that run in parallel, each writing the positions
+    /// of its own rows — every position's sum is the same additions in the same order as one
+    /// loop. The Fine–Gray stratum totals (B at the stratum's first group) are summed per chunk
+    /// in row order and added in chunk order.
+    fn scatter_all(&mut self) {
+        use rayon::prelude::*;
+        let n = self.info.len();
+        // Sorted rows are in position order (strata in order, time descending; folds map
+        // positions monotonically), so the chunks' positions do not overlap.
+        debug_assert!(self.info.windows(2).all(|w| w[0].pos <= w[1].pos));
+        let n_chunks = if n >= self.par_min_rows {
+            SCATTER_CHUNKS
+        } else {
+            1
+        };
+        // Row cuts, each moved forward past rows of the same position.
+        let mut cuts = vec![0usize];
+        for c in 1..n_chunks {
+            let mut i = (c * n / n_chunks).max(*cuts.last().unwrap_or(&0));
+            while i > 0 && i < n && self.info[i].pos == self.info[i - 1].pos {
+                i += 1;
+            }
+            if i > *cuts.last().unwrap_or(&0) && i < n {
+                cuts.push(i);
+            }
+        }
+        cuts.push(n);
+        // Chunk c writes the positions from its first row's to the next chunk's first row's.
+        let n_pos = self.diff_f.len();
+        let pos_cut = |c: usize| -> usize {
+            if c + 1 == cuts.len() {
+                n_pos
+            } else {
+                (self.info[cuts[c]].pos as usize).min(n_pos)
+            }
+        };
+        let mut pos_cuts: Vec<usize> = (0..cuts.len()).map(pos_cut).collect();
+        pos_cuts[0] = 0;
+        let (fg, efron) = (self.fg, self.any_efron);
+        let info = &self.info[..];
+        let (s_end, event, inv_g) = (&self.s_end[..], &self.event[..], &self.inv_g[..]);
+        let mut jobs = Vec::with_capacity(cuts.len() - 1);
+        {
+            let mut f_rest = &mut self.diff_f[..];
+            let mut b_rest: &mut [f64] = if fg { &mut self.diff_b[..] } else { &mut [] };
+            let mut e_rest = &mut self.e0[..];
+            for c in 0..cuts.len() - 1 {
+                let (p0, p1) = (pos_cuts[c], pos_cuts[c + 1]);
+                let (f, fr) = f_rest.split_at_mut(p1 - p0);
+                f_rest = fr;
+                let b = if fg {
+                    let (b, br) = b_rest.split_at_mut(p1 - p0);
+                    b_rest = br;
+                    b
+                } else {
+                    &mut [][..]
+                };
+                // e0 has one entry per group (no entry at the end position).
+                let e_len = p1.min(e_rest.len() + p0) - p0;
+                let (e, er) = e_rest.split_at_mut(e_len);
+                e_rest = er;
+                jobs.push((cuts[c], cuts[c + 1], p0, f, b, e));
+            }
+        }
+        // Each chunk also sums w e / G of its competing rows per stratum (in row order); the
+        // totals go to the strata's first groups in chunk order.
+        let totals: Vec<Vec<(u32, f64)>> = jobs
+            .into_par_iter()
+            .map(|(r0, r1, p0, f, b, e)| {
+                let mut totals: Vec<(u32, f64)> = Vec::new();
+                for k in r0..r1 {
+                    let RowInfo { we, pos, stratum } = info[k];
+                    if fg {
+                        let inv = inv_g[k];
+                        if inv != 0.0 {
+                            let d = we * inv;
+                            match totals.last_mut() {
+                                Some((s, t)) if *s == stratum => *t += d,
+                                _ => totals.push((stratum, d)),
+                            }
+                            if pos < s_end[stratum as usize] {
+                                b[pos as usize - p0] -= d;
+                            }
+                        }
+                    }
+                    if pos >= s_end[stratum as usize] {
+                        continue;
+                    }
+                    let at = pos as usize - p0;
+                    f[at] += we;
+                    if efron && event[k] {
+                        e[at] += we;
+                    }
+                }
+                totals
+            })
+            .collect();
+        for (s, t) in totals.into_iter().flatten() {
+            self.diff_b[self.s_start[s as usize] as usize] += t;
+        }
+        self.dirty = true;
     }
 
     /// Apply pending changes (difference arrays) and rebuild the per-group coefficients and
@@ -1082,6 +1199,32 @@ impl RiskSetModel {
             return (0.0, 0.0);
         }
         self.refresh();
+        self.column_gh(j, true)
+    }
+
+    /// [`RiskSetModel::gradient_hessian`] of every column in `cols` at the current state,
+    /// the columns in parallel (each column's chunks walked one after another, and combined
+    /// as `gradient_hessian` does: the same bits, whatever the number of threads). One fork
+    /// for all the columns instead of one per column.
+    pub fn gradient_hessians(&mut self, cols: &[usize]) -> Vec<(f64, f64)> {
+        use rayon::prelude::*;
+        self.refresh();
+        let this = &*self;
+        cols.par_iter()
+            .with_max_len(1)
+            .map(|&j| {
+                if j < this.cols.len() {
+                    this.column_gh(j, false)
+                } else {
+                    (0.0, 0.0)
+                }
+            })
+            .collect()
+    }
+
+    /// (g_j, h_j) of column `j` (< n_coef) on the refreshed state; its chunks walked in
+    /// parallel when `parallel`.
+    fn column_gh(&self, j: usize, parallel: bool) -> (f64, f64) {
         let col = &self.cols[j];
         let n = col.rows.len();
         if n == 0 {
@@ -1100,9 +1243,11 @@ impl RiskSetModel {
         let n_chunks = bounds.len() - 1;
         let outs: Vec<ChunkOut> = if n_chunks == 1 {
             vec![walk(0)]
-        } else {
+        } else if parallel {
             use rayon::prelude::*;
             (0..n_chunks).into_par_iter().map(walk).collect()
+        } else {
+            (0..n_chunks).map(walk).collect()
         };
         // Combine in chunk order (fixed, independent of the number of threads).
         let mut acc = WalkAcc::default();
@@ -1692,8 +1837,95 @@ impl RiskSetModel {
         // Upper triangle (a ≤ b) only, packed ([`upper_offset`]); transposed at the end. The
         // S2 part first: a sparse Gram matrix with the gradients' row weights.
         let weights = self.row_weights();
-        let mut m = gram_upper(&rows, k, &weights);
+        // The Gram matrix and the segments' sweep run side by side ([`gram_and_sweep`]); the
+        // sweep's terms are summed in a matrix of their own and added at the end (a fixed
+        // order, whatever the number of threads).
+        let (mut m, sweep) = self.gram_and_sweep(&rows, k, &weights, &cum_c, &cum_cg, &cum_w);
         drop(weights);
+        for (t, v) in m.iter_mut().zip(&sweep) {
+            *t += v;
+        }
+        drop(sweep);
+        self.row_major_cache = Some(rm);
+        // The same entries as the lower triangle, row by row (the layout of the Newton
+        // matrices, `model/newton.rs`), moved in place: no second matrix.
+        upper_to_lower_in_place(&mut m, k);
+        m
+    }
+
+    /// The Gram part and the segment terms of [`RiskSetModel::information_segments`], each a
+    /// packed upper triangle. With several threads the Gram rows are cut into one part per
+    /// thread; the sweep's thread takes the last, smaller part after the sweep, sized from
+    /// cost estimates so that the threads finish together (the cuts never change a bit).
+    fn gram_and_sweep(
+        &self,
+        rows: &SweepRows<'_>,
+        k: usize,
+        weights: &[f64],
+        cum_c: &[f64],
+        cum_cg: &[f64],
+        cum_w: &[f64],
+    ) -> (Vec<f64>, Vec<f64>) {
+        use rayon::prelude::*;
+        let mut m = vec![0.0; k * (k + 1) / 2];
+        let threads = rayon::current_num_threads().min(GRAM_MAX_BLOCKS);
+        if threads < 2 || rows.col.len() < self.gram_min_entries || k < 2 {
+            gram_block(rows, k, weights, 0, k, &mut m);
+            let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
+            return (m, sweep);
+        }
+        // Estimated costs (measured on the DESIGN §10 recipes): the Gram matrix per pair of
+        // entries of a row, the sweep per entry.
+        let pairs: f64 = (0..rows.ptr.len() - 1)
+            .map(|i| {
+                let (lo, hi) = rows.range(i);
+                ((hi - lo) * (hi - lo + 1) / 2) as f64
+            })
+            .sum();
+        let gram = GRAM_COST_PER_PAIR * pairs;
+        let sweep = rows.col.len() as f64
+            * if self.fg {
+                SWEEP_COST_PER_ENTRY_FG
+            } else {
+                SWEEP_COST_PER_ENTRY
+            };
+        let t = threads as f64;
+        let each = (gram + sweep) / t;
+        let last = ((each - sweep) / gram).clamp(0.0, 1.0 / t);
+        let others = (1.0 - last) / (t - 1.0);
+        let mut shares = vec![others; threads - 1];
+        shares.push(last);
+        let bounds = area_bounds(k, &shares);
+        let mut parts = split_rows(&mut m, k, &bounds);
+        let last_part = parts.pop().unwrap_or_default();
+        let (a_last, b_last) = (bounds[threads - 1], bounds[threads]);
+        let (_, sweep) = rayon::join(
+            || {
+                parts.into_par_iter().enumerate().for_each(|(p, part)| {
+                    gram_block(rows, k, weights, bounds[p], bounds[p + 1], part)
+                })
+            },
+            || {
+                let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
+                gram_block(rows, k, weights, a_last, b_last, last_part);
+                sweep
+            },
+        );
+        (m, sweep)
+    }
+
+    /// The segment terms of [`RiskSetModel::information_segments`] (everything but the Gram
+    /// matrix), as a packed upper triangle.
+    fn segment_terms(
+        &self,
+        rows: &SweepRows<'_>,
+        k: usize,
+        cum_c: &[f64],
+        cum_cg: &[f64],
+        cum_w: &[f64],
+    ) -> Vec<f64> {
+        let fg = self.fg;
+        let mut m = vec![0.0; k * (k + 1) / 2];
         let mut f = vec![0.0; k];
         let mut bk = vec![0.0; k];
         let mut y = vec![0.0; k];
@@ -1838,10 +2070,6 @@ impl RiskSetModel {
                 h0 = h1;
             }
         }
-        self.row_major_cache = Some(rm);
-        // The same entries as the lower triangle, row by row (the layout of the Newton
-        // matrices, `model/newton.rs`), moved in place: no second matrix.
-        upper_to_lower_in_place(&mut m, k);
         m
     }
 
@@ -2197,82 +2425,73 @@ impl SweepRows<'_> {
     }
 }
 
-/// Upper triangle (a ≤ b) of Σ_i w_i x_i x_iᵀ over the rows of `rows`, packed row by row
-/// (entry (a, b) at [`upper_offset`]`(k, a) + b − a`). The rows a of the result are split into blocks of about equal triangle area, one
-/// per thread, each scanning every row; every entry is summed by the same operations in the
-/// same order (rows in order) whatever the split, so the result does not depend on the
-/// number of threads even though the split does.
-fn gram_upper(rows: &SweepRows<'_>, k: usize, w: &[f64]) -> Vec<f64> {
-    let n_blocks = if rows.col.len() >= GRAM_PAR_MIN_ENTRIES {
-        rayon::current_num_threads()
-            .clamp(1, GRAM_MAX_BLOCKS)
-            .min(k.max(1))
-    } else {
-        1
-    };
-    // Block b covers rows bounds[b]..bounds[b + 1]: equal shares of k(k + 1)/2.
-    let total = (k * (k + 1) / 2) as f64;
-    let mut bounds = vec![0usize];
-    let mut acc = 0.0;
-    for a in 0..k {
-        acc += (k - a) as f64;
-        if acc >= total * bounds.len() as f64 / n_blocks as f64 && bounds.len() < n_blocks {
-            bounds.push(a + 1);
-        }
-    }
-    bounds.push(k);
-    bounds.dedup();
+/// Rows a0..a1 of the upper triangle (a ≤ b) of Σ_i w_i x_i x_iᵀ over the rows of `rows`,
+/// packed row by row (entry (a, b) at [`upper_offset`]`(k, a) + b − a`), added into `m` (that
+/// part of the packed triangle). Every entry is summed by the same operations in the same
+/// order (rows in order) whatever the split into parts.
+fn gram_block(rows: &SweepRows<'_>, k: usize, w: &[f64], a0: usize, a1: usize, m: &mut [f64]) {
     let n = w.len();
-    // Block rows a0..a1 of the result, written in place (no per-block copies to join).
-    let block = |a0: usize, a1: usize, m: &mut [f64]| {
-        let start = upper_offset(k, a0);
-        for (i, &c) in w.iter().enumerate().take(n) {
-            let (lo, hi) = rows.range(i);
-            if lo == hi || c == 0.0 {
+
+    let start = upper_offset(k, a0);
+    for (i, &c) in w.iter().enumerate().take(n) {
+        let (lo, hi) = rows.range(i);
+        if lo == hi || c == 0.0 {
+            continue;
+        }
+        for e in lo..hi {
+            let a = rows.col[e] as usize;
+            if a < a0 {
                 continue;
             }
-            for e in lo..hi {
-                let a = rows.col[e] as usize;
-                if a < a0 {
-                    continue;
+            if a >= a1 {
+                break;
+            }
+            let xa = rows.value(e) * c;
+            // Row a (columns a..k); the row's entries are in column order, all ≥ a.
+            let row = &mut m[upper_offset(k, a) - start..upper_offset(k, a + 1) - start];
+            if rows.val.is_empty() {
+                for &b in &rows.col[e..hi] {
+                    row[b as usize - a] += xa;
                 }
-                if a >= a1 {
-                    break;
-                }
-                let xa = rows.value(e) * c;
-                // Row a (columns a..k); the row's entries are in column order, all ≥ a.
-                let row = &mut m[upper_offset(k, a) - start..upper_offset(k, a + 1) - start];
-                if rows.val.is_empty() {
-                    for &b in &rows.col[e..hi] {
-                        row[b as usize - a] += xa;
-                    }
-                } else {
-                    for e2 in e..hi {
-                        row[rows.col[e2] as usize - a] += xa * rows.val[e2];
-                    }
+            } else {
+                for e2 in e..hi {
+                    row[rows.col[e2] as usize - a] += xa * rows.val[e2];
                 }
             }
         }
-    };
-    let mut m = vec![0.0; k * (k + 1) / 2];
-    let n_parts = bounds.len() - 1;
-    if n_parts == 1 {
-        block(0, k, &mut m);
-    } else {
-        use rayon::prelude::*;
-        let mut parts = Vec::with_capacity(n_parts);
-        let mut rest = &mut m[..];
-        for b in 0..n_parts {
-            let len = upper_offset(k, bounds[b + 1]) - upper_offset(k, bounds[b]);
-            let (part, r) = rest.split_at_mut(len);
-            rest = r;
-            parts.push((bounds[b], bounds[b + 1], part));
-        }
-        parts
-            .into_par_iter()
-            .for_each(|(a0, a1, part)| block(a0, a1, part));
     }
-    m
+}
+
+/// Cuts of the rows 0..k of a packed k × k upper triangle into parts whose areas are the
+/// given shares (fractions, in order; the last part takes the rest).
+fn area_bounds(k: usize, shares: &[f64]) -> Vec<usize> {
+    let total = (k * (k + 1) / 2) as f64;
+    let mut bounds = vec![0usize];
+    let mut target = 0.0;
+    let mut acc = 0.0;
+    let mut a = 0;
+    for &share in &shares[..shares.len().saturating_sub(1)] {
+        target += share * total;
+        while a < k && acc + ((k - a) as f64) / 2.0 < target {
+            acc += (k - a) as f64;
+            a += 1;
+        }
+        bounds.push(a);
+    }
+    bounds.push(k);
+    bounds
+}
+
+/// Split `m` (a packed k × k upper triangle) at the rows `bounds`.
+fn split_rows<'m>(mut m: &'m mut [f64], k: usize, bounds: &[usize]) -> Vec<&'m mut [f64]> {
+    let mut parts = Vec::with_capacity(bounds.len().saturating_sub(1));
+    for b in bounds.windows(2) {
+        let len = upper_offset(k, b[1]) - upper_offset(k, b[0]);
+        let (part, rest) = m.split_at_mut(len);
+        m = rest;
+        parts.push(part);
+    }
+    parts
 }
 
 /// Where row a (columns a..k) of a packed upper triangle of a k × k matrix starts.
@@ -2325,10 +2544,16 @@ fn upper_to_lower_in_place(m: &mut [f64], k: usize) {
     }
 }
 
-/// Most blocks of rows of [`gram_upper`].
+/// Most parts of the Gram rows in [`RiskSetModel::gram_and_sweep`].
 const GRAM_MAX_BLOCKS: usize = 8;
-/// Entries from which [`gram_upper`] runs blocks in parallel.
+/// Entries from which [`RiskSetModel::gram_and_sweep`] runs in parallel.
 const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
+/// Estimated cost of the Gram matrix per pair of entries of a row, and of the segments' sweep
+/// per entry (Cox; Fine–Gray's backward sums), in ns on this project's reference machine: they
+/// only balance the threads' work ([`RiskSetModel::gram_and_sweep`]).
+const GRAM_COST_PER_PAIR: f64 = 1.8;
+const SWEEP_COST_PER_ENTRY: f64 = 5.0;
+const SWEEP_COST_PER_ENTRY_FG: f64 = 9.0;
 
 /// An owned [`SweepRows`] with the columns it was built for.
 #[derive(Debug, Clone, Default)]
@@ -2532,6 +2757,11 @@ const INFO_AHEAD: usize = 48;
 const PAR_MIN_GROUPS: usize = 1 << 15;
 /// Chunks of that refresh (fixed, so the split never depends on the thread count).
 const REFRESH_CHUNKS: usize = 8;
+
+/// Row chunks of [`RiskSetModel::scatter_all`] (fixed: results never depend on the number of
+/// threads), from [`SCATTER_PAR_MIN_ROWS`] rows on.
+const SCATTER_CHUNKS: usize = 8;
+const SCATTER_PAR_MIN_ROWS: usize = 1 << 15;
 /// Prefetch distance of `update`.
 const UPDATE_AHEAD: usize = 32;
 /// See [`INFO_AHEAD`].
