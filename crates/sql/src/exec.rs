@@ -186,7 +186,8 @@ impl EpiExec {
             && !carries_tables
         {
             return Err(plan_datafusion_err!(
-                "{}: a study build needs a session with the OMOP tables",
+                "{}: a study build, diagnostics or remote task needs a session with the OMOP \
+                 tables (plan it in an epifusion session, or send the tables with it)",
                 spec.function()
             ));
         }
@@ -308,45 +309,48 @@ impl EpiExec {
                 )
                 .await
             }
-            // A study build sent by a cluster client reads the client's tables, carried as
-            // plans; otherwise the session that planned it.
-            Work::Study(w) => match tables {
-                Some((function, tables)) => w
-                    .run(tables.session(&context)?)
-                    .await
-                    .map_err(|e| tables.explain(&function, e)),
-                None => {
-                    let ctx = study_context
-                        .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
-                    w.run(ctx).await
-                }
-            },
-            Work::Diagnostics(w) => match tables {
-                Some((function, tables)) => w
-                    .run(tables.session(&context)?)
-                    .await
-                    .map_err(|e| tables.explain(&function, e)),
-                None => {
-                    let ctx = study_context
-                        .ok_or_else(|| exec_datafusion_err!("a study build needs a session"))?;
-                    w.run(ctx).await
-                }
-            },
+            Work::Study(w) => {
+                in_build_session(tables, study_context, &context, |ctx| w.run(ctx)).await
+            }
+            Work::Diagnostics(w) => {
+                in_build_session(tables, study_context, &context, |ctx| w.run(ctx)).await
+            }
             Work::Cohort(w) => w.run(&schema, children, context).await,
             Work::Task(kind, payload) => {
                 let runner = crate::remote_task::runner(&kind)?;
-                let parts = match tables {
-                    Some((_, tables)) => runner(tables.session(&context)?, payload)
-                        .await
-                        .map_err(|e| tables.explain(&kind, e))?,
-                    None => {
-                        let ctx = study_context
-                            .ok_or_else(|| exec_datafusion_err!("a task needs a session"))?;
-                        runner(ctx, payload).await?
-                    }
-                };
+                let parts =
+                    in_build_session(tables, study_context, &context, |ctx| runner(ctx, payload))
+                        .await?;
                 crate::remote_task::encode(&parts)
             }
+        }
+    }
+}
+
+/// Run a study build, diagnostics or remote task in its session: one over the tables that a
+/// cluster client sent with it (carried as plans; errors then say which table of the client's
+/// session broke), otherwise the session that planned it.
+async fn in_build_session<T, F, Fut>(
+    tables: Option<(String, StudyInputs)>,
+    study_context: Option<SessionContext>,
+    context: &Arc<TaskContext>,
+    run: F,
+) -> DfResult<T>
+where
+    F: FnOnce(SessionContext) -> Fut,
+    Fut: std::future::Future<Output = DfResult<T>>,
+{
+    match tables {
+        Some((function, tables)) => run(tables.session(context)?)
+            .await
+            .map_err(|e| tables.explain(&function, e)),
+        None => {
+            let ctx = study_context.ok_or_else(|| {
+                exec_datafusion_err!(
+                    "a study build, diagnostics or remote task needs a session with the OMOP tables"
+                )
+            })?;
+            run(ctx).await
         }
     }
 }
