@@ -143,7 +143,9 @@ fn main() {
     let mut opts = FitOptions::new(ModelKind::ConditionalPoisson);
     opts.prior = Prior::Laplace { lambda };
     opts.ccd.tolerance = 1e-6;
-    opts.ccd.convergence = Convergence::Objective;
+    if std::env::var("RULE").as_deref() == Ok("objective") {
+        opts.ccd.convergence = Convergence::Objective;
+    }
     opts.ci = CiMethod::None;
     opts.threads = Some(1);
     let cpu1 = cpu_seconds().unwrap_or(0.0);

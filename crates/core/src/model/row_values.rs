@@ -80,6 +80,22 @@ impl Values {
         Values::U8(Vec::with_capacity(n))
     }
 
+    /// `v` stored in the narrowest form that holds every value exactly (one scan for the
+    /// form, one for the copy).
+    fn from_f64(v: Vec<f64>) -> Self {
+        let form = [Form::U8, Form::U16, Form::U32, Form::F32]
+            .into_iter()
+            .find(|f| v.iter().all(|&x| f.holds(x)))
+            .unwrap_or(Form::F64);
+        match form {
+            Form::U8 => Values::U8(v.iter().map(|&x| x as u8).collect()),
+            Form::U16 => Values::U16(v.iter().map(|&x| x as u16).collect()),
+            Form::U32 => Values::U32(v.iter().map(|&x| x as u32).collect()),
+            Form::F32 => Values::F32(v.iter().map(|&x| x as f32).collect()),
+            Form::F64 => Values::F64(v),
+        }
+    }
+
     fn capacity(&self) -> usize {
         match self {
             Values::U8(v) => v.capacity(),
@@ -230,13 +246,7 @@ impl FromIterator<f64> for Values {
 impl From<Vec<f64>> for Values {
     /// Stored narrowly when every value allows it (else the vector is kept as it is).
     fn from(v: Vec<f64>) -> Self {
-        let narrow = [Form::U8, Form::U16, Form::U32, Form::F32]
-            .into_iter()
-            .find(|f| v.iter().all(|&x| f.holds(x)));
-        match narrow {
-            None => Values::F64(v),
-            Some(_) => v.into_iter().collect(),
-        }
+        Values::from_f64(v)
     }
 }
 
@@ -312,6 +322,31 @@ impl Strata {
     /// Whether there are no rows.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The runs of consecutive rows of one stratum, in row order: (stratum, rows). Stored runs
+    /// are returned as stored; per-row strata are grouped on the fly.
+    pub fn runs(&self) -> Box<dyn Iterator<Item = (u32, std::ops::Range<usize>)> + '_> {
+        match self {
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                len,
+            } => Box::new(run_stratum.iter().enumerate().map(move |(r, &s)| {
+                let end = run_start.get(r + 1).map_or(*len, |&e| e as usize);
+                (s, run_start[r] as usize..end)
+            })),
+            Strata::PerRow(v) => {
+                let mut start = 0;
+                Box::new(std::iter::from_fn(move || {
+                    let &s = v.get(start)?;
+                    let len = v[start..].iter().take_while(|&&x| x == s).count();
+                    let range = start..start + len;
+                    start += len;
+                    Some((s, range))
+                }))
+            }
+        }
     }
 
     /// Stratum of row `i` (a binary search over the runs when stored as runs).
@@ -630,7 +665,16 @@ mod tests {
             let bits: Vec<u64> = pushed.iter().map(f64::to_bits).collect();
             let want: Vec<u64> = v.iter().map(|x| x.to_bits()).collect();
             assert_eq!(bits, want);
-            assert_eq!(Values::from(v.clone()).form(), form);
+            // Converted at once, the narrowest form that holds every value (pushes widen
+            // along the way: [70000, 0.5] ends as f64 pushed, f32 converted).
+            let whole = Values::from(v.clone());
+            let narrowest = if v == &[70000.0, 0.5] {
+                Form::F32
+            } else {
+                form
+            };
+            assert_eq!(whole.form(), narrowest, "{v:?}");
+            assert_eq!(whole.iter().map(f64::to_bits).collect::<Vec<_>>(), want);
         }
     }
 
