@@ -1,7 +1,8 @@
 //! Peak memory of an SCCS fit against the CSC size, on the path `epifusion bench --data` and
 //! `sccs_fit` take: the long format streamed into a [`DesignBuilder`], the design built, then
 //! the conditional Poisson likelihood built from the owned design and fitted (Laplace λ = 3,
-//! objective rule, tolerance 1e-6, one thread, no intervals: `epifusion bench`'s settings).
+//! the default optimality rule — `RULE=objective` for the objective rule —, tolerance 1e-6,
+//! one thread, no intervals: `epifusion bench`'s settings).
 //!
 //! `cargo run -p epifusion-core --release --example sccs_memory -- PREFIX`
 //!

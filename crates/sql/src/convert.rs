@@ -51,7 +51,7 @@ use parquet::arrow::ArrowWriter;
 use crate::options::ResultTable;
 use epifusion_core::error::{Error, Result};
 use epifusion_core::fit::FitResult;
-use epifusion_core::model::design::{DesignBuilder, OutcomeRecord, INTERCEPT_ID};
+use epifusion_core::model::design::{DesignBuilder, OutcomeRecord, OutcomeSlices, INTERCEPT_ID};
 
 /// Rows per record batch when reading.
 pub const DEFAULT_BATCH_SIZE: usize = 8192;
@@ -584,6 +584,53 @@ impl OutcomeArrays {
             || f(&self.censor_weight)
     }
 
+    /// Push the batch's `n` rows: column by column when no used column has a NULL (the
+    /// common case), else row by row (a NULL in an optional column is "absent" for that row).
+    fn push_rows(&self, builder: &mut DesignBuilder, n: usize, event_value: Option<f64>) {
+        let f = |a: &Option<Float64Array>| a.as_ref().is_some_and(|a| a.null_count() > 0);
+        let g = |a: &Option<Int64Array>| a.as_ref().is_some_and(|a| a.null_count() > 0);
+        let nulls = g(&self.row_id)
+            || g(&self.stratum_id)
+            || g(&self.cluster_id)
+            || f(&self.time)
+            || f(&self.y)
+            || f(&self.weight)
+            || f(&self.start_time)
+            || f(&self.offset)
+            || f(&self.censor_weight);
+        if let (false, Some(row_id), Some(y)) = (nulls, &self.row_id, &self.y) {
+            let recoded: Option<Vec<f64>> = event_value.map(|v| {
+                y.values()
+                    .iter()
+                    .map(|&raw| f64::from(u8::from(raw == v)))
+                    .collect()
+            });
+            fn f64s(a: &Option<Float64Array>) -> Option<&[f64]> {
+                a.as_ref().map(|a| &a.values()[..])
+            }
+            fn i64s(a: &Option<Int64Array>) -> Option<&[i64]> {
+                a.as_ref().map(|a| &a.values()[..])
+            }
+            builder.push_outcomes(OutcomeSlices {
+                row_id: &row_id.values()[..],
+                stratum_id: i64s(&self.stratum_id),
+                time: f64s(&self.time),
+                y: recoded.as_deref().unwrap_or(&y.values()[..]),
+                weight: f64s(&self.weight),
+                start_time: f64s(&self.start_time),
+                offset: f64s(&self.offset),
+                censor_weight: f64s(&self.censor_weight),
+                cluster_id: i64s(&self.cluster_id),
+            });
+            return;
+        }
+        let row_id = self.row_id.as_ref().map(|r| r.values().clone());
+        for i in 0..n {
+            let id = row_id.as_ref().map_or(0, |r| r[i]);
+            builder.push_outcome(self.record(i, id, event_value));
+        }
+    }
+
     fn record(&self, i: usize, row_id: i64, event_value: Option<f64>) -> OutcomeRecord {
         let of = |a: &Option<Float64Array>| a.as_ref().and_then(|a| opt_f64(a, i));
         let raw_y = of(&self.y).unwrap_or(f64::NAN);
@@ -665,11 +712,7 @@ pub fn read_long_from(
     for batch in source {
         let batch = batch?;
         let a = OutcomeArrays::convert(&batch, &cols, &file, row0, &required)?;
-        let row_id = a.row_id.as_ref().map(|r| r.values().clone());
-        for i in 0..batch.num_rows() {
-            let id = row_id.as_ref().map_or(0, |r| r[i]);
-            builder.push_outcome(a.record(i, id, opts.event_value));
-        }
+        a.push_rows(&mut builder, batch.num_rows(), opts.event_value);
         row0 += batch.num_rows();
     }
     report.input_rows = row0;
@@ -1484,6 +1527,35 @@ mod tests {
         assert_eq!(x.columns.len(), 2);
         assert_eq!(x.columns[0].rows, vec![0, 1]);
         assert_eq!(x.columns[0].format.name(), "indicator");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_null_in_an_optional_column_reads_as_its_default() {
+        // A NULL weight, offset or cluster sends the batch down the row-by-row path; written
+        // out as the default, the batch goes column by column: the designs are the same.
+        let dir = temp_dir("optional-null");
+        let cc = write(&dir, "c.csv", "row_id,covariate_id\n1,7\n3,7\n");
+        let with_null = write(
+            &dir,
+            "o1.csv",
+            "row_id,stratum_id,time,y,weight,offset,cluster_id\n1,1,2,1,2,0.5,4\n2,1,3,0,,0.25,\n3,2,4,1,1,,4\n",
+        );
+        let written = write(
+            &dir,
+            "o2.csv",
+            "row_id,stratum_id,time,y,weight,offset,cluster_id\n1,1,2,1,2,0.5,4\n2,1,3,0,1,0.25,5\n3,2,4,1,1,0,4\n",
+        );
+        let read = |o: &std::path::Path| {
+            let (b, _) = read_long(o, &cc, &ReadOptions::default()).unwrap();
+            b.build().unwrap()
+        };
+        let (a, b) = (read(&with_null), read(&written));
+        same_design(&a, &b);
+        assert_eq!(a.rows.weight, b.rows.weight);
+        assert_eq!(a.rows.offset, b.rows.offset);
+        // The NULL cluster is a cluster of its own, like the written 5.
+        assert_eq!(a.rows.cluster, b.rows.cluster);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -461,6 +461,31 @@ pub struct OutcomeRecord {
     pub cluster_id: Option<i64>,
 }
 
+/// Outcome rows given column by column ([`DesignBuilder::push_outcomes`]): a record batch's
+/// columns without NULLs. Every slice has the length of `row_id`; `None` is a column that is
+/// absent (as `None` in every [`OutcomeRecord`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutcomeSlices<'a> {
+    /// Row ids (unique).
+    pub row_id: &'a [i64],
+    /// Stratum ids.
+    pub stratum_id: Option<&'a [i64]>,
+    /// Times.
+    pub time: Option<&'a [f64]>,
+    /// Outcomes.
+    pub y: &'a [f64],
+    /// Case weights.
+    pub weight: Option<&'a [f64]>,
+    /// Counting-process start times.
+    pub start_time: Option<&'a [f64]>,
+    /// Offsets.
+    pub offset: Option<&'a [f64]>,
+    /// Supplied censoring weights.
+    pub censor_weight: Option<&'a [f64]>,
+    /// Cluster ids.
+    pub cluster_id: Option<&'a [i64]>,
+}
+
 /// Accumulates the long format and builds a [`DesignMatrix`].
 ///
 /// Memory: outcomes are stored column by column (no per-row records), and covariate entries go
@@ -599,6 +624,24 @@ struct OptionalColumn<T> {
 }
 
 impl<T: Copy> OptionalColumn<T> {
+    /// [`Self::push`] of rows `row, row + 1, …`: `v` for each of `n` rows, or `None` for all.
+    fn extend(&mut self, row: usize, v: Option<&[T]>, n: usize, default: T) {
+        match v {
+            Some(v) => self
+                .values
+                .get_or_insert_with(|| vec![default; row])
+                .extend_from_slice(v),
+            None => {
+                if n > 0 {
+                    self.first_missing.get_or_insert(row);
+                }
+                if let Some(values) = &mut self.values {
+                    values.resize(values.len() + n, default);
+                }
+            }
+        }
+    }
+
     fn push(&mut self, row: usize, v: Option<T>, default: T) {
         match v {
             Some(v) => self
@@ -747,21 +790,112 @@ impl DesignBuilder {
     }
     /// Add one outcome row.
     pub fn push_outcome(&mut self, rec: OutcomeRecord) {
+        use std::slice::from_ref;
+        self.push_outcomes(OutcomeSlices {
+            row_id: from_ref(&rec.row_id),
+            stratum_id: rec.stratum_id.as_ref().map(from_ref),
+            time: rec.time.as_ref().map(from_ref),
+            y: from_ref(&rec.y),
+            weight: rec.weight.as_ref().map(from_ref),
+            start_time: rec.start_time.as_ref().map(from_ref),
+            offset: rec.offset.as_ref().map(from_ref),
+            censor_weight: rec.censor_weight.as_ref().map(from_ref),
+            cluster_id: rec.cluster_id.as_ref().map(from_ref),
+        });
+    }
+
+    /// Add outcome rows given column by column: the same as [`Self::push_outcome`] of each
+    /// row in turn, a column at a time (no record per row).
+    ///
+    /// # Panics
+    /// When a slice's length differs from `row_id`'s.
+    pub fn push_outcomes(&mut self, b: OutcomeSlices<'_>) {
+        let n = b.row_id.len();
+        let lengths = [
+            Some(b.y.len()),
+            b.stratum_id.map(<[i64]>::len),
+            b.time.map(<[f64]>::len),
+            b.weight.map(<[f64]>::len),
+            b.start_time.map(<[f64]>::len),
+            b.offset.map(<[f64]>::len),
+            b.censor_weight.map(<[f64]>::len),
+            b.cluster_id.map(<[i64]>::len),
+        ];
+        assert!(
+            lengths.iter().flatten().all(|&l| l == n),
+            "outcome columns of different lengths"
+        );
+        let first = self.outcomes.row_id.len();
+        for &id in b.row_id {
+            self.push_row_id(id);
+        }
+        let o = &mut self.outcomes;
+        match b.time {
+            Some(t) => t.iter().for_each(|&v| o.time.push(v)),
+            None => (0..n).for_each(|_| o.time.push(1.0)),
+        }
+        b.y.iter().for_each(|&v| o.y.push(v));
+        match b.stratum_id {
+            Some(ids) => {
+                for (k, &id) in ids.iter().enumerate() {
+                    let s = match o.last_stratum {
+                        Some((last, s)) if last == id => s,
+                        _ => {
+                            let s = o.stratum_of(id);
+                            o.last_stratum = Some((id, s));
+                            s
+                        }
+                    };
+                    match &mut o.stratum {
+                        Some(st) => st.push(s),
+                        None => {
+                            let mut st = Strata::single(first + k);
+                            st.push(s);
+                            o.stratum = Some(st);
+                        }
+                    }
+                }
+            }
+            None => {
+                if n > 0 {
+                    o.stratum_first_missing.get_or_insert(first);
+                }
+                if let Some(st) = &mut o.stratum {
+                    (0..n).for_each(|_| st.push(0));
+                }
+            }
+        }
+        o.weight.extend(first, b.weight, n, 1.0);
+        o.start_time.extend(first, b.start_time, n, 0.0);
+        o.offset.extend(first, b.offset, n, 0.0);
+        o.censor_weight.extend(first, b.censor_weight, n, 1.0);
+        match b.cluster_id {
+            Some(ids) => {
+                for (k, &id) in ids.iter().enumerate() {
+                    let next = o.cluster_index.len() as u32;
+                    let c = *o.cluster_index.entry(id).or_insert(next);
+                    o.cluster.push(first + k, Some(c), u32::MAX);
+                }
+            }
+            None => o.cluster.extend(first, None, n, u32::MAX),
+        }
+    }
+
+    /// Append a row id (row lookup and duplicate detection, reported by `build` in row order).
+    #[inline]
+    fn push_row_id(&mut self, row_id: i64) {
         let o = &mut self.outcomes;
         let i = o.row_id.len();
-        // Row lookup (and duplicate detection, reported by `build` in row order).
         let prev = o.row_id.last();
         match &mut self.row_lookup {
-            RowLookup::Consecutive | RowLookup::Increasing
-                if prev.is_none_or(|p| p < rec.row_id) =>
-            {
-                let consecutive = prev.is_none_or(|p| p.checked_add(1) == Some(rec.row_id));
+            RowLookup::Consecutive | RowLookup::Increasing if prev.is_none_or(|p| p < row_id) => {
+                let consecutive = prev.is_none_or(|p| p.checked_add(1) == Some(row_id));
                 if !consecutive {
                     self.row_lookup = RowLookup::Increasing;
                 }
             }
             RowLookup::Hashed(map) => {
-                if map.insert(rec.row_id, i as u32).is_some() {
+                if map.insert(row_id, i as u32).is_some() {
                     self.first_duplicate_row.get_or_insert(i);
                 }
             }
@@ -773,46 +907,13 @@ impl DesignBuilder {
                     .enumerate()
                     .map(|(k, id)| (id, k as u32))
                     .collect();
-                if map.insert(rec.row_id, i as u32).is_some() {
+                if map.insert(row_id, i as u32).is_some() {
                     self.first_duplicate_row.get_or_insert(i);
                 }
                 self.row_lookup = RowLookup::Hashed(map);
             }
         }
-        o.row_id.push(rec.row_id);
-        o.time.push(rec.time.unwrap_or(1.0));
-        o.y.push(rec.y);
-        let stratum = rec.stratum_id.map(|id| match o.last_stratum {
-            Some((last, k)) if last == id => k,
-            _ => {
-                let k = o.stratum_of(id);
-                o.last_stratum = Some((id, k));
-                k
-            }
-        });
-        match (stratum, &mut o.stratum) {
-            (Some(k), Some(st)) => st.push(k),
-            (Some(k), None) => {
-                let mut st = Strata::single(i);
-                st.push(k);
-                o.stratum = Some(st);
-            }
-            (None, st) => {
-                o.stratum_first_missing.get_or_insert(i);
-                if let Some(st) = st {
-                    st.push(0);
-                }
-            }
-        }
-        o.weight.push(i, rec.weight, 1.0);
-        o.start_time.push(i, rec.start_time, 0.0);
-        o.offset.push(i, rec.offset, 0.0);
-        o.censor_weight.push(i, rec.censor_weight, 1.0);
-        let cluster = rec.cluster_id.map(|id| {
-            let next = o.cluster_index.len() as u32;
-            *o.cluster_index.entry(id).or_insert(next)
-        });
-        o.cluster.push(i, cluster, u32::MAX);
+        o.row_id.push(row_id);
     }
 
     /// Row index of `row_id` among the outcomes pushed so far.
@@ -1104,6 +1205,97 @@ mod tests {
             y,
             ..Default::default()
         }
+    }
+
+    /// The rows' fields of a design, for comparisons.
+    fn row_fields(x: &DesignMatrix) -> String {
+        let r = &x.rows;
+        format!(
+            "{:?} {:?} {:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            r.row_id.to_vec(),
+            r.stratum.to_vec(),
+            r.stratum_ids,
+            r.has_strata,
+            r.time.to_vec(),
+            r.start_time,
+            r.y.to_vec(),
+            r.weight,
+            r.offset,
+            r.censor_weight,
+            r.cluster,
+        )
+    }
+
+    #[test]
+    fn outcome_columns_build_what_outcome_records_build() {
+        // Three batches: strata, weights and clusters in the first and last only, an offset
+        // in the middle one only (defaults fill the other rows), row ids out of order at the
+        // end (the lookup switches to a map).
+        let ids = [10i64, 11, 12, 13, 20, 21, 5, 6];
+        let strata = [1i64, 1, 2, 2, 9, 9, 3, 3];
+        let time = [1.0, 2.0, 3.0, 4.5, 5.0, 6.0, 7.0, 8.0];
+        let y = [0.0, 1.0, 0.0, 2.0, 1.0, 0.0, 1.0, 0.0];
+        let weight = [1.0, 2.0, 0.5, 1.0, 1.0, 1.0, 3.0, 1.0];
+        let offset = [0.0, 0.0, 0.0, 0.0, 0.3, -0.2, 0.0, 0.0];
+        let cluster = [7i64, 7, 8, 8, 0, 0, 9, 7];
+        let batches = [0..4, 4..6, 6..8];
+        let mut rows = DesignBuilder::new();
+        let mut cols = DesignBuilder::new();
+        for (b, range) in batches.iter().enumerate() {
+            let middle = b == 1;
+            for i in range.clone() {
+                rows.push_outcome(OutcomeRecord {
+                    row_id: ids[i],
+                    stratum_id: Some(strata[i]),
+                    time: Some(time[i]),
+                    y: y[i],
+                    weight: (!middle).then_some(weight[i]),
+                    offset: middle.then_some(offset[i]),
+                    cluster_id: (!middle).then_some(cluster[i]),
+                    ..Default::default()
+                });
+            }
+            let r = range.clone();
+            cols.push_outcomes(OutcomeSlices {
+                row_id: &ids[r.clone()],
+                stratum_id: Some(&strata[r.clone()]),
+                time: Some(&time[r.clone()]),
+                y: &y[r.clone()],
+                weight: (!middle).then_some(&weight[r.clone()]),
+                offset: middle.then_some(&offset[r.clone()]),
+                cluster_id: (!middle).then_some(&cluster[r.clone()]),
+                ..Default::default()
+            });
+        }
+        for b in [&mut rows, &mut cols] {
+            b.push_covariate(12, 1000, 1.0);
+            b.push_covariate(5, 1000, 2.0);
+        }
+        let (x_rows, x_cols) = (rows.build().unwrap(), cols.build().unwrap());
+        assert_eq!(row_fields(&x_cols), row_fields(&x_rows));
+        assert_eq!(x_cols.columns[0].rows, x_rows.columns[0].rows);
+
+        // A batch without strata after one with them is the same error either way.
+        let mut rows = DesignBuilder::new();
+        let mut cols = DesignBuilder::new();
+        rows.push_outcome(OutcomeRecord {
+            stratum_id: Some(1),
+            ..rec(1, 1.0, 1.0)
+        });
+        rows.push_outcome(rec(2, 1.0, 0.0));
+        cols.push_outcomes(OutcomeSlices {
+            row_id: &[1],
+            stratum_id: Some(&[1]),
+            y: &[1.0],
+            ..Default::default()
+        });
+        cols.push_outcomes(OutcomeSlices {
+            row_id: &[2],
+            y: &[0.0],
+            ..Default::default()
+        });
+        let (e_rows, e_cols) = (rows.build().unwrap_err(), cols.build().unwrap_err());
+        assert_eq!(e_cols.to_string(), e_rows.to_string());
     }
 
     #[test]

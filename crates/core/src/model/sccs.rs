@@ -51,12 +51,13 @@
 //! Rows without any covariate keep no per-row state: they enter D_s through a per-stratum
 //! constant (Σ t e^offset), so `set_beta` touches only rows that carry covariates. The gather
 //! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
-//! On `epifusion bench --model sccs --n 1000000` (18M rows, 17.3M nonzeros, J = 1000,
-//! Laplace λ = 3, tolerance 1e-8, one thread) the fit takes ≈ 1 s (4 cycles) plus ≈ 1 s of
-//! setup. Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`: 12.2M covered rows)
-//! is 227 MiB, 3.4× the CSC's 66 MiB, mostly te_k (8 B per covered row) and the columns; the
-//! same cases read as the long format through `DesignBuilder` (the example's `--dump` files)
-//! peak at 227 MiB too, 3.43×.
+//! On the bench recipe at 1e6 cases (`examples/sccs_speed.rs 1000000`: 18M rows, 12.2M
+//! covered, 17.3M nonzeros, J = 1000, Laplace λ = 3, one thread, the default optimality rule)
+//! the setup takes ≈ 2.2 CPU-s and the fit ≈ 2.0 s (12 iterations); before rows were merged
+//! (4.7M merged rows) they took 1.6 s and 4.3 s. Its peak RSS (`examples/sccs_memory.rs`,
+//! `--generate 1000000`) is 230 MiB, 3.5× the CSC's 66 MiB, as before the merge (227 MiB): the
+//! merge's 32-bit hashes, entry counts and row map (9 B per covered row, freed before the fit)
+//! take about what the merged rows save in t·e^η and the columns.
 
 use std::borrow::Cow;
 
