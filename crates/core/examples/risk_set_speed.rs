@@ -3,7 +3,10 @@
 //! the active-set Newton polish against the classic polish side by side (alternating, so
 //! that load on the machine hits both alike): CPU seconds of the fit alone (the likelihood
 //! is built beforehand), wall seconds, iterations, objective and the largest scaled KKT
-//! violation, and a fingerprint of the coefficients' bits.
+//! violation, and a fingerprint of the coefficients' bits. `threads` may list several counts
+//! (`1,2`): each repetition then fits once per count, alternating in one process, so that the
+//! counts are compared on the same memory layout and the same load (this machine's timings
+//! differ by up to 1.5× from process to process).
 //!
 //! `cargo run -p epifusion-core --release --example risk_set_speed -- [cox|fine_gray] [N] [threads] [reps]`
 
@@ -21,7 +24,9 @@ fn main() {
         _ => ModelKind::Cox,
     };
     let n: usize = args.get(2).map_or(100_000, |s| s.parse().expect("N"));
-    let threads: usize = args.get(3).map_or(1, |s| s.parse().expect("threads"));
+    let thread_counts: Vec<usize> = args.get(3).map_or(vec![1], |s| {
+        s.split(',').map(|t| t.parse().expect("threads")).collect()
+    });
     let reps: usize = args.get(4).map_or(2, |s| s.parse().expect("reps"));
     let lambda = 100.0;
     let data = match model {
@@ -29,18 +34,27 @@ fn main() {
         _ => fine_gray_data(n, 1000, 0.05, 123),
     }
     .expect("data");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("pool");
-    let lik0 = pool.install(|| {
+    let pools: Vec<(usize, rayon::ThreadPool)> = thread_counts
+        .iter()
+        .map(|&t| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .expect("pool");
+            (t, pool)
+        })
+        .collect();
+    let lik0 = pools[0].1.install(|| {
         cpu_likelihood(model, &data.design, LikelihoodOptions::default()).expect("likelihood")
     });
     drop(data);
     let p = lik0.n_coef();
     let priors = PriorSet::new(Prior::Laplace { lambda }, &vec![false; p]);
     for rep in 0..reps {
-        for active_newton in [false, true] {
+        for ((threads, pool), active_newton) in pools
+            .iter()
+            .flat_map(|p| [false, true].map(move |a| (p, a)))
+        {
             if std::env::var("SPEED_ONLY").is_ok_and(|v| v != active_newton.to_string()) {
                 continue;
             }
@@ -49,7 +63,7 @@ fn main() {
                 active_newton,
                 ..CcdOptions::fit_default()
             };
-            let t = common::timed_fit(&pool, lik.as_mut(), &priors, &opts);
+            let t = common::timed_fit(pool, lik.as_mut(), &priors, &opts);
             // A fingerprint of the coefficients' bits (thread-count independence).
             let bits = t
                 .result

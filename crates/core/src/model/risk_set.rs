@@ -150,8 +150,8 @@ pub struct RiskSetModel {
     min_chunk: usize,
     /// Groups from which the refresh is chunked ([`PAR_MIN_GROUPS`]).
     par_min_groups: usize,
-    /// Rows from which `set_beta` scatters in parallel chunks, and column entries from which
-    /// the segment information runs the Gram matrix beside its sweep (tests lower both).
+    /// Rows from which `set_beta` scatters in parallel chunks, and the least entries of a
+    /// chunk of the segment information's Gram rows (tests lower both).
     par_min_rows: usize,
     gram_min_entries: usize,
     // ---- columns ----
@@ -1854,9 +1854,10 @@ impl RiskSetModel {
     }
 
     /// The Gram part and the segment terms of [`RiskSetModel::information_segments`], each a
-    /// packed upper triangle. With several threads the Gram rows are cut into one part per
-    /// thread; the sweep's thread takes the last, smaller part after the sweep, sized from
-    /// cost estimates so that the threads finish together (the cuts never change a bit).
+    /// packed upper triangle. The Gram rows are cut at fixed places, a function of the data
+    /// alone ([`gram_cuts`]); each chunk of rows is summed into a matrix of its own and the
+    /// chunks' matrices are added in chunk order, so the bits do not depend on the number of
+    /// threads. With several threads the chunks run in parallel beside the sweep.
     fn gram_and_sweep(
         &self,
         rows: &SweepRows<'_>,
@@ -1867,50 +1868,43 @@ impl RiskSetModel {
         cum_w: &[f64],
     ) -> (Vec<f64>, Vec<f64>) {
         use rayon::prelude::*;
-        let mut m = vec![0.0; k * (k + 1) / 2];
-        let threads = rayon::current_num_threads().min(GRAM_MAX_BLOCKS);
-        if threads < 2 || rows.col.len() < self.gram_min_entries || k < 2 {
-            gram_block(rows, k, weights, 0, k, &mut m);
+        let len = k * (k + 1) / 2;
+        let cuts = gram_cuts(rows, k, self.gram_min_entries);
+        let n_chunks = cuts.len() - 1;
+        let chunk = |c: usize, m: &mut [f64]| gram_rows(rows, k, weights, cuts[c], cuts[c + 1], m);
+        if rayon::current_num_threads() < 2 || n_chunks == 1 {
+            let mut m = vec![0.0; len];
+            chunk(0, &mut m);
+            if n_chunks > 1 {
+                let mut part = vec![0.0; len];
+                for c in 1..n_chunks {
+                    part.fill(0.0);
+                    chunk(c, &mut part);
+                    add_into(&mut m, &part);
+                }
+            }
             let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
             return (m, sweep);
         }
-        // Estimated costs (measured on the DESIGN §10 recipes): the Gram matrix per pair of
-        // entries of a row, the sweep per entry.
-        let pairs: f64 = (0..rows.ptr.len() - 1)
-            .map(|i| {
-                let (lo, hi) = rows.range(i);
-                ((hi - lo) * (hi - lo + 1) / 2) as f64
-            })
-            .sum();
-        let gram = GRAM_COST_PER_PAIR * pairs;
-        let sweep = rows.col.len() as f64
-            * if self.fg {
-                SWEEP_COST_PER_ENTRY_FG
-            } else {
-                SWEEP_COST_PER_ENTRY
-            };
-        let t = threads as f64;
-        let each = (gram + sweep) / t;
-        let last = ((each - sweep) / gram).clamp(0.0, 1.0 / t);
-        let others = (1.0 - last) / (t - 1.0);
-        let mut shares = vec![others; threads - 1];
-        shares.push(last);
-        let bounds = area_bounds(k, &shares);
-        let mut parts = split_rows(&mut m, k, &bounds);
-        let last_part = parts.pop().unwrap_or_default();
-        let (a_last, b_last) = (bounds[threads - 1], bounds[threads]);
-        let (_, sweep) = rayon::join(
+        let (parts, sweep) = rayon::join(
             || {
-                parts.into_par_iter().enumerate().for_each(|(p, part)| {
-                    gram_block(rows, k, weights, bounds[p], bounds[p + 1], part)
-                })
+                (0..n_chunks)
+                    .into_par_iter()
+                    .with_max_len(1)
+                    .map(|c| {
+                        let mut m = vec![0.0; len];
+                        chunk(c, &mut m);
+                        m
+                    })
+                    .collect::<Vec<_>>()
             },
-            || {
-                let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
-                gram_block(rows, k, weights, a_last, b_last, last_part);
-                sweep
-            },
+            || self.segment_terms(rows, k, cum_c, cum_cg, cum_w),
         );
+        let mut parts = parts.into_iter();
+        let mut m = parts.next().unwrap_or_else(|| vec![0.0; len]);
+        for part in parts {
+            add_into(&mut m, &part);
+        }
         (m, sweep)
     }
 
@@ -2425,30 +2419,18 @@ impl SweepRows<'_> {
     }
 }
 
-/// Rows a0..a1 of the upper triangle (a ≤ b) of Σ_i w_i x_i x_iᵀ over the rows of `rows`,
-/// packed row by row (entry (a, b) at [`upper_offset`]`(k, a) + b − a`), added into `m` (that
-/// part of the packed triangle). Every entry is summed by the same operations in the same
-/// order (rows in order) whatever the split into parts.
-fn gram_block(rows: &SweepRows<'_>, k: usize, w: &[f64], a0: usize, a1: usize, m: &mut [f64]) {
-    let n = w.len();
-
-    let start = upper_offset(k, a0);
-    for (i, &c) in w.iter().enumerate().take(n) {
+/// Σ_i w_i x_i x_iᵀ over the rows `i0..i1`, added to `m` (a packed k × k upper triangle).
+fn gram_rows(rows: &SweepRows<'_>, k: usize, w: &[f64], i0: usize, i1: usize, m: &mut [f64]) {
+    for (i, &c) in w.iter().enumerate().take(i1).skip(i0) {
         let (lo, hi) = rows.range(i);
         if lo == hi || c == 0.0 {
             continue;
         }
         for e in lo..hi {
             let a = rows.col[e] as usize;
-            if a < a0 {
-                continue;
-            }
-            if a >= a1 {
-                break;
-            }
             let xa = rows.value(e) * c;
             // Row a (columns a..k); the row's entries are in column order, all ≥ a.
-            let row = &mut m[upper_offset(k, a) - start..upper_offset(k, a + 1) - start];
+            let row = &mut m[upper_offset(k, a)..upper_offset(k, a + 1)];
             if rows.val.is_empty() {
                 for &b in &rows.col[e..hi] {
                     row[b as usize - a] += xa;
@@ -2462,36 +2444,42 @@ fn gram_block(rows: &SweepRows<'_>, k: usize, w: &[f64], a0: usize, a1: usize, m
     }
 }
 
-/// Cuts of the rows 0..k of a packed k × k upper triangle into parts whose areas are the
-/// given shares (fractions, in order; the last part takes the rest).
-fn area_bounds(k: usize, shares: &[f64]) -> Vec<usize> {
-    let total = (k * (k + 1) / 2) as f64;
-    let mut bounds = vec![0usize];
-    let mut target = 0.0;
-    let mut acc = 0.0;
-    let mut a = 0;
-    for &share in &shares[..shares.len().saturating_sub(1)] {
-        target += share * total;
-        while a < k && acc + ((k - a) as f64) / 2.0 < target {
-            acc += (k - a) as f64;
-            a += 1;
-        }
-        bounds.push(a);
+/// `m += part`, entry by entry.
+fn add_into(m: &mut [f64], part: &[f64]) {
+    for (t, v) in m.iter_mut().zip(part) {
+        *t += v;
     }
-    bounds.push(k);
-    bounds
 }
 
-/// Split `m` (a packed k × k upper triangle) at the rows `bounds`.
-fn split_rows<'m>(mut m: &'m mut [f64], k: usize, bounds: &[usize]) -> Vec<&'m mut [f64]> {
-    let mut parts = Vec::with_capacity(bounds.len().saturating_sub(1));
-    for b in bounds.windows(2) {
-        let len = upper_offset(k, b[1]) - upper_offset(k, b[0]);
-        let (part, rest) = m.split_at_mut(len);
-        m = rest;
-        parts.push(part);
+/// Where [`RiskSetModel::gram_and_sweep`] cuts the rows (first 0, last N): chunks of about
+/// equal entries, as many as the entries allow (`min_entries` each) up to
+/// [`GRAM_MAX_CHUNKS`], while the chunks' matrices take at most [`GRAM_CHUNK_BYTES`] together
+/// and adding them costs at most 1/[`GRAM_REDUCE_SHARE`] of the pairs of entries summed. A
+/// function of the rows and k only.
+fn gram_cuts(rows: &SweepRows<'_>, k: usize, min_entries: usize) -> Vec<usize> {
+    let n = rows.ptr.len().saturating_sub(1);
+    let entries = rows.col.len();
+    let len = (k * (k + 1) / 2).max(1);
+    let pairs: usize = (0..n)
+        .map(|i| {
+            let (lo, hi) = rows.range(i);
+            (hi - lo) * (hi - lo + 1) / 2
+        })
+        .sum();
+    let chunks = (entries / min_entries.max(1))
+        .min(GRAM_CHUNK_BYTES / (len * std::mem::size_of::<f64>()))
+        .min(1 + pairs / (GRAM_REDUCE_SHARE * len))
+        .clamp(1, GRAM_MAX_CHUNKS);
+    let mut cuts = vec![0usize];
+    for c in 1..chunks {
+        let target = (c * entries / chunks) as u32;
+        let i = rows.ptr.partition_point(|&p| p < target).min(n);
+        if i > *cuts.last().unwrap_or(&0) && i < n {
+            cuts.push(i);
+        }
     }
-    parts
+    cuts.push(n);
+    cuts
 }
 
 /// Where row a (columns a..k) of a packed upper triangle of a k × k matrix starts.
@@ -2544,16 +2532,14 @@ fn upper_to_lower_in_place(m: &mut [f64], k: usize) {
     }
 }
 
-/// Most parts of the Gram rows in [`RiskSetModel::gram_and_sweep`].
-const GRAM_MAX_BLOCKS: usize = 8;
-/// Entries from which [`RiskSetModel::gram_and_sweep`] runs in parallel.
+/// Most chunks of the Gram rows in [`RiskSetModel::gram_and_sweep`] ([`gram_cuts`]).
+const GRAM_MAX_CHUNKS: usize = 8;
+/// Entries per chunk of the Gram rows, at least (tests lower it).
 const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
-/// Estimated cost of the Gram matrix per pair of entries of a row, and of the segments' sweep
-/// per entry (Cox; Fine–Gray's backward sums), in ns on this project's reference machine: they
-/// only balance the threads' work ([`RiskSetModel::gram_and_sweep`]).
-const GRAM_COST_PER_PAIR: f64 = 1.8;
-const SWEEP_COST_PER_ENTRY: f64 = 5.0;
-const SWEEP_COST_PER_ENTRY_FG: f64 = 9.0;
+/// Memory of the Gram chunks' matrices together, at most (bytes).
+const GRAM_CHUNK_BYTES: usize = 64 << 20;
+/// The chunks' matrices are added in at most 1/this of the pairs of entries summed.
+const GRAM_REDUCE_SHARE: usize = 8;
 
 /// An owned [`SweepRows`] with the columns it was built for.
 #[derive(Debug, Clone, Default)]
@@ -3102,6 +3088,33 @@ pub mod test_support {
             }
         }
         assert_psd_difference(&bound, &dense, cols.len());
+        // The bound's Gram rows in chunks (`gram_cuts`): the same bits for any thread count,
+        // and equal to rounding to the bound summed in one chunk.
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let again = pool.install(|| model.information_segments(cols));
+            assert!(
+                again
+                    .iter()
+                    .zip(&packed)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the segment bound on {threads} threads"
+            );
+        }
+        let min_entries = model.gram_min_entries;
+        model.gram_min_entries = usize::MAX;
+        let one_chunk = model.information_segments(cols);
+        model.gram_min_entries = min_entries;
+        let scale = packed.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (a, (c, o)) in packed.iter().zip(&one_chunk).enumerate() {
+            assert!(
+                (c - o).abs() <= 1e-12 * scale,
+                "{what} bound entry {a}: chunks {c}, one chunk {o}"
+            );
+        }
         for threads in 1..=3 {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -3261,6 +3274,48 @@ mod tests {
 
     /// The in-place rearrangement puts every entry where the plain copy into the lower
     /// triangle does (distinct values: any misplaced entry shows).
+    #[test]
+    fn gram_cuts_are_chunks_of_about_equal_entries() {
+        // 1000 rows of 0..=5 entries among k = 6 columns.
+        let mut ptr = vec![0u32];
+        let mut col = Vec::new();
+        for i in 0..1000u32 {
+            for a in 0..(i * 7 % 6) as u16 {
+                col.push(a);
+            }
+            ptr.push(col.len() as u32);
+        }
+        let rows = SweepRows {
+            ptr: &ptr,
+            col: &col,
+            val: &[],
+        };
+        let entries = col.len();
+        for min_entries in [1, 100, 400, 1000, entries, usize::MAX] {
+            let cuts = gram_cuts(&rows, 6, min_entries);
+            let chunks = cuts.len() - 1;
+            assert_eq!((cuts[0], cuts[chunks]), (0, 1000));
+            assert!(cuts.windows(2).all(|w| w[0] < w[1]));
+            assert!(chunks <= GRAM_MAX_CHUNKS);
+            assert_eq!(
+                chunks,
+                (entries / min_entries.max(1)).clamp(1, GRAM_MAX_CHUNKS),
+                "min_entries {min_entries}"
+            );
+            for w in cuts.windows(2) {
+                let e = (ptr[w[1]] - ptr[w[0]]) as usize;
+                assert!(
+                    e.abs_diff(entries / chunks) <= 5,
+                    "{e} of {entries} in {chunks}"
+                );
+            }
+        }
+        // A matrix too large for the chunks' memory budget, and too few pairs to pay for
+        // adding the chunks: one chunk.
+        let k = 4000;
+        assert_eq!(gram_cuts(&rows, k, 1).len(), 2);
+    }
+
     #[test]
     fn upper_to_lower_in_place_is_the_copy() {
         for k in (0..=70).chain([97, 256, 901]) {
