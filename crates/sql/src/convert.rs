@@ -572,10 +572,22 @@ impl OutcomeArrays {
 
     /// Whether any used outcome value of row `i` is NULL.
     fn any_null(&self, i: usize) -> bool {
-        let f = |a: &Option<Float64Array>| a.as_ref().is_some_and(|a| a.is_null(i));
-        let g = |a: &Option<Int64Array>| a.as_ref().is_some_and(|a| a.is_null(i));
+        self.any_column(|a| a.is_null(i), |a| a.is_null(i), false)
+    }
+
+    /// Whether `f64` holds for a used Float64 column or `i64` for a used Int64 column (the
+    /// cluster id only with `cluster`: a NULL there is allowed, "no cluster").
+    fn any_column(
+        &self,
+        f64: impl Fn(&Float64Array) -> bool,
+        i64: impl Fn(&Int64Array) -> bool,
+        cluster: bool,
+    ) -> bool {
+        let f = |a: &Option<Float64Array>| a.as_ref().is_some_and(&f64);
+        let g = |a: &Option<Int64Array>| a.as_ref().is_some_and(&i64);
         g(&self.row_id)
             || g(&self.stratum_id)
+            || (cluster && g(&self.cluster_id))
             || f(&self.time)
             || f(&self.y)
             || f(&self.weight)
@@ -587,17 +599,7 @@ impl OutcomeArrays {
     /// Push the batch's `n` rows: column by column when no used column has a NULL (the
     /// common case), else row by row (a NULL in an optional column is "absent" for that row).
     fn push_rows(&self, builder: &mut DesignBuilder, n: usize, event_value: Option<f64>) {
-        let f = |a: &Option<Float64Array>| a.as_ref().is_some_and(|a| a.null_count() > 0);
-        let g = |a: &Option<Int64Array>| a.as_ref().is_some_and(|a| a.null_count() > 0);
-        let nulls = g(&self.row_id)
-            || g(&self.stratum_id)
-            || g(&self.cluster_id)
-            || f(&self.time)
-            || f(&self.y)
-            || f(&self.weight)
-            || f(&self.start_time)
-            || f(&self.offset)
-            || f(&self.censor_weight);
+        let nulls = self.any_column(|a| a.null_count() > 0, |a| a.null_count() > 0, true);
         if let (false, Some(row_id), Some(y)) = (nulls, &self.row_id, &self.y) {
             let recoded: Option<Vec<f64>> = event_value.map(|v| {
                 y.values()
