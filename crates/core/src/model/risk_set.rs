@@ -682,20 +682,6 @@ impl RiskSetModel {
             return;
         }
         self.beta[..p].copy_from_slice(&beta[..p]);
-        if self.offset.is_empty() {
-            self.eta.fill(0.0);
-        } else {
-            self.eta.copy_from_slice(&self.offset);
-        }
-        // η = offset + Σ_j β_j x_j, column after column for each row (in row blocks).
-        let moving: Vec<(SparseCol<'_>, f64)> = self
-            .cols
-            .iter()
-            .zip(&self.beta)
-            .filter(|(_, &b)| b != 0.0)
-            .map(|(c, &b)| (c.view(), b))
-            .collect();
-        row_blocks::add_columns(&mut self.eta, &moving);
         self.f_sum.fill(0.0);
         self.b_sum.fill(0.0);
         self.e0.fill(0.0);
@@ -706,18 +692,37 @@ impl RiskSetModel {
         self.b_start.fill(0.0);
         self.queued = false;
         self.pending_sorted = true;
+        // η = offset + Σ_j β_j x_j, column after column for each row, and w·e = w exp(η), in
+        // one pass over row blocks (in parallel).
+        let moving: Vec<(SparseCol<'_>, f64)> = self
+            .cols
+            .iter()
+            .zip(&self.beta)
+            .filter(|(_, &b)| b != 0.0)
+            .map(|(c, &b)| (c.view(), b))
+            .collect();
         {
             use rayon::prelude::*;
-            self.info
+            let offset = &self.offset[..];
+            self.eta
                 .par_chunks_mut(row_blocks::ROW_BLOCK)
+                .zip(self.info.par_chunks_mut(row_blocks::ROW_BLOCK))
                 .zip(self.w.par_chunks(row_blocks::ROW_BLOCK))
-                .zip(self.eta.par_chunks(row_blocks::ROW_BLOCK))
-                .for_each(|((info, w), eta)| {
-                    for ((row, &w), &eta) in info.iter_mut().zip(w).zip(eta) {
+                .enumerate()
+                .for_each(|(b, ((eta, info), w))| {
+                    if offset.is_empty() {
+                        eta.fill(0.0);
+                    } else {
+                        let r0 = b * row_blocks::ROW_BLOCK;
+                        eta.copy_from_slice(&offset[r0..r0 + eta.len()]);
+                    }
+                    row_blocks::add_columns_block(b, eta, &moving);
+                    for ((row, &w), &eta) in info.iter_mut().zip(w).zip(eta.iter()) {
                         row.we = w * eta.exp();
                     }
                 });
         }
+        drop(moving);
         if self.counting {
             for k in 0..self.eta.len() {
                 self.scatter(k, self.info[k].we);
@@ -1090,39 +1095,39 @@ impl RiskSetModel {
                 ll += b * sum;
             }
         }
-        // log S0 of the untied groups in parallel (blocks of ROW_BLOCK groups), summed below
-        // in group order: the same bits as one loop.
-        let mut log_s0 = vec![0.0; self.g_weight.len()];
-        {
+        // The groups' terms in blocks of ROW_BLOCK groups (in parallel), each block summed
+        // in group order and the blocks' sums added in block order: fixed blocks, so the
+        // same bits for any number of threads.
+        let sums: Vec<f64> = {
             use rayon::prelude::*;
-            log_s0
-                .par_chunks_mut(row_blocks::ROW_BLOCK)
-                .enumerate()
-                .for_each(|(b, out)| {
+            let n_groups = self.g_weight.len();
+            (0..n_groups.div_ceil(row_blocks::ROW_BLOCK))
+                .into_par_iter()
+                .map(|b| {
                     let g0 = b * row_blocks::ROW_BLOCK;
-                    for (o, v) in out.iter_mut().enumerate() {
-                        let g = g0 + o;
-                        if !(self.any_efron && self.efron_group[g]) {
-                            *v = self.s0(g).ln();
+                    let mut acc = 0.0;
+                    for g in g0..(g0 + row_blocks::ROW_BLOCK).min(n_groups) {
+                        let wg = self.g_weight[g];
+                        if wg == 0.0 {
+                            continue;
+                        }
+                        let s0 = self.s0(g);
+                        if self.any_efron && self.efron_group[g] {
+                            let d = self.g_count[g];
+                            let wbar = wg / d as f64;
+                            for l in 0..d {
+                                acc += wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
+                            }
+                        } else {
+                            acc += wg * s0.ln();
                         }
                     }
-                });
-        }
-        for (g, &log_s0) in log_s0.iter().enumerate() {
-            let wg = self.g_weight[g];
-            if wg == 0.0 {
-                continue;
-            }
-            if self.any_efron && self.efron_group[g] {
-                let s0 = self.s0(g);
-                let d = self.g_count[g];
-                let wbar = wg / d as f64;
-                for l in 0..d {
-                    ll -= wbar * (s0 - (l as f64 / d as f64) * self.e0[g]).ln();
-                }
-            } else {
-                ll -= wg * log_s0;
-            }
+                    acc
+                })
+                .collect()
+        };
+        for sum in sums {
+            ll -= sum;
         }
         ll
     }

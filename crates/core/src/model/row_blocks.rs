@@ -14,7 +14,7 @@
 //! order as the column-by-column loop it replaces (columns in the given order, each column's
 //! entries in row order): the results are bit-identical to that loop, whatever the blocking
 //! and however many threads run the blocks. The blocks are a fixed function of N, and the
-//! parallel split ([`add_columns`], [`row_major`]: by row blocks; [`gather_sums`]: by groups
+//! parallel split ([`add_columns_block`], [`row_major`]: by row blocks; [`gather_sums`]: by groups
 //! of columns, sized by the thread count) never changes which operations produce an element.
 
 use rayon::prelude::*;
@@ -105,31 +105,26 @@ pub(crate) fn block_starts(rows: &[u32], n: usize) -> Vec<u32> {
     starts
 }
 
-/// `out[r] += coef · x_r` for every column (x, coef) of `cols`, column after column for each
-/// row: bit-identical to `for (x, coef) in cols { for (r, v) in x { out[r] += coef · v } }`.
-/// Row blocks run in parallel.
-pub(crate) fn add_columns(out: &mut [f64], cols: &[(SparseCol<'_>, f64)]) {
-    if cols.is_empty() {
-        return;
-    }
-    out.par_chunks_mut(ROW_BLOCK)
-        .enumerate()
-        .for_each(|(b, block)| {
-            let r0 = b * ROW_BLOCK;
-            for (col, coef) in cols {
-                let (lo, hi) = col.block(b);
-                let rows = &col.rows[lo..hi];
-                if col.vals.is_empty() {
-                    for &r in rows {
-                        block[r as usize - r0] += coef;
-                    }
-                } else {
-                    for (&r, &v) in rows.iter().zip(&col.vals[lo..hi]) {
-                        block[r as usize - r0] += coef * v;
-                    }
-                }
+/// `block[r − r0] += coef · x_r` on row block `b` (rows r0 = b·ROW_BLOCK onwards; `block`:
+/// that block of the output vector) for every column (x, coef) of `cols`, column after
+/// column for each row: bit-identical to `for (x, coef) in cols { for (r, v) in x { out[r] +=
+/// coef · v } }` on the block. Callers run the blocks in parallel and go on with each block
+/// while it is in cache (`RiskSetModel::set_beta`: η, then w·e).
+pub(crate) fn add_columns_block(b: usize, block: &mut [f64], cols: &[(SparseCol<'_>, f64)]) {
+    let r0 = b * ROW_BLOCK;
+    for (col, coef) in cols {
+        let (lo, hi) = col.block(b);
+        let rows = &col.rows[lo..hi];
+        if col.vals.is_empty() {
+            for &r in rows {
+                block[r as usize - r0] += coef;
             }
-        });
+        } else {
+            for (&r, &v) in rows.iter().zip(&col.vals[lo..hi]) {
+                block[r as usize - r0] += coef * v;
+            }
+        }
+    }
 }
 
 /// Σ_r x_r · d_r per column (Σ d_r for 0/1 columns), each summed from 0 in row order:
@@ -376,7 +371,9 @@ mod tests {
                 .unwrap();
             pool.install(|| {
                 let mut got = vec![0.5; n];
-                add_columns(&mut got, &with_coef);
+                got.par_chunks_mut(ROW_BLOCK)
+                    .enumerate()
+                    .for_each(|(b, block)| add_columns_block(b, block, &with_coef));
                 assert!(got
                     .iter()
                     .zip(&want)
