@@ -721,3 +721,110 @@ async fn synthea_runs_with_eras_derived_from_exposures() {
     let rows = f64s(&t.outcomes, "y").len();
     assert!(rows > 0, "{:?}", t.attrition);
 }
+
+/// The SCCS tables of a cluster run are built partitioned by person (`sccs_parts`): the same
+/// plan, run here with 1 and 4 partitions, gives the local build's tables bit for bit, over
+/// designs that use every global part (spline knots, stratified concept ids, attrition) and
+/// a person with several observation periods.
+#[tokio::test]
+async fn partitioned_sccs_builds_match_the_local_build() {
+    use epifusion::engine::remote::prepare_for_cluster;
+    let store = repo("data/gibleed");
+    let designs = [
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "exposures": [{"concept_ids": [1118084], "label": "celecoxib"}]}"#,
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "first_outcome_only": true, "naive_period": 180, "min_age": 18,
+            "exposures": [
+              {"concept_ids": [1118084, 1124300, 1177480], "stratify_by_id": true,
+               "risk_windows": [{"start": 0, "end": 29, "end_anchor": "era_start", "split_points": [10, 20]},
+                                {"start": 30, "end": 0}]},
+              {"concept_ids": [1115008], "first_occurrence_only": true,
+               "risk_windows": [{"start": -30, "end": -1, "end_anchor": "era_start"}]}],
+            "age_spline": {"knots": 4}, "season_spline": {"knots": 4}, "calendar_spline": {"knots": 3},
+            "end_of_observation_probe": 30}"#,
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "exposures": [{"concept_ids": [1118084, 1124300], "stratify_by_id": true}],
+            "age_group_starts": [7300, 14600, 21900], "merge_patterns": false,
+            "study_start_date": "1990-01-01", "genders": [8507, 8532]}"#,
+    ];
+    let tables = [
+        ("sccs_intervals", "row_id"),
+        ("sccs_covariates", "row_id, covariate_id"),
+        ("sccs_covariate_ref", "covariate_id"),
+        ("sccs_attrition", "step"),
+    ];
+    for partitions in [1, 4] {
+        let ctx = new_session(&SessionOptions {
+            omop: Some(store.clone()),
+            batch_size: None,
+        })
+        .await
+        .unwrap();
+        ctx.sql(&format!(
+            "SET datafusion.execution.target_partitions = {partitions}"
+        ))
+        .await
+        .unwrap();
+        for (k, json) in designs.iter().enumerate() {
+            let q = json.replace('\'', "''");
+            for (function, order) in tables {
+                let sql = format!("SELECT * FROM {function}('{q}') ORDER BY {order}");
+                let local: Vec<RecordBatch> =
+                    ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+                let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
+                let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
+                let shown = prepared.display_indent().to_string();
+                let df = ctx.execute_logical_plan(prepared).await.unwrap();
+                let physical = df.clone().create_physical_plan().await.unwrap();
+                let text = datafusion::physical_plan::displayable(physical.as_ref())
+                    .indent(false)
+                    .to_string();
+                assert!(
+                    text.contains(&format!("EpiExec: {function} (merge)")),
+                    "design {k}, {function}: not a partitioned build:\n{text}"
+                );
+                if function != "sccs_covariate_ref" {
+                    assert!(
+                        text.contains(&format!("EpiExec: {function} (pieces by person)")),
+                        "design {k}, {function}: no pieces node:\n{text}"
+                    );
+                }
+                if function != "sccs_covariate_ref" && partitions > 1 {
+                    assert!(
+                        text.contains("RepartitionExec: partitioning=Hash([person_id"),
+                        "design {k}, {function}: the pieces are not partitioned by person:\n{shown}\n{text}"
+                    );
+                }
+                let split: Vec<RecordBatch> = df.collect().await.unwrap();
+                let local = datafusion::arrow::compute::concat_batches(&local[0].schema(), &local)
+                    .unwrap();
+                let split =
+                    datafusion::arrow::compute::concat_batches(&local.schema(), &split).unwrap();
+                assert!(
+                    local.num_rows() > 0,
+                    "design {k}, {function}: the local build is empty"
+                );
+                assert_eq!(
+                    (local.num_rows(), local.schema()),
+                    (split.num_rows(), split.schema()),
+                    "design {k}, {function}, {partitions} partitions: rows"
+                );
+                for (c, (a, b)) in local.columns().iter().zip(split.columns()).enumerate() {
+                    if a != b {
+                        let first = (0..a.len())
+                            .find(|&i| a.slice(i, 1) != b.slice(i, 1))
+                            .unwrap_or(0);
+                        panic!(
+                            "design {k}, {function}, {partitions} partitions: column {} differs \
+                             first at row {first}: local {:?}, partitioned {:?}",
+                            local.schema().field(c).name(),
+                            a.slice(first, 3),
+                            b.slice(first, 3)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -32,13 +32,16 @@ use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExp
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties,
 };
 use datafusion::prelude::SessionContext;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use serde::{Deserialize, Serialize};
 
 use crate::registry::{sql_functions, SqlRole};
+use crate::study::functions::{Design, Part};
+use datafusion::physical_expr::expressions::Column;
 use crate::remote::StudyInputs;
 
 /// What an [`EpiExec`] computes: serializable, and checked again when a node is rebuilt from it.
@@ -76,6 +79,25 @@ pub enum NodeSpec {
         #[serde(default, skip_serializing_if = "StudyInputs::is_empty")]
         tables: StudyInputs,
     },
+    /// One partition of an SCCS study table built partitioned by person (on a cluster;
+    /// [`crate::study::sccs_parts`]): children `cases`, `outcomes`, `concepts` (each read
+    /// whole) and `rows` (hash-partitioned by `person_id`); one output partition per `rows`
+    /// partition, holding the pieces of its persons' cases.
+    SccsPart {
+        /// The SQL function, e.g. `sccs_intervals`.
+        function: String,
+        /// The design JSON as written.
+        settings: String,
+    },
+    /// The merge of an SCCS build partitioned by person: children `cases`, `outcomes`,
+    /// `concepts` and the [`NodeSpec::SccsPart`] pieces (`sccs_covariate_ref` needs no
+    /// pieces: three children); returns the function's table.
+    SccsMerge {
+        /// The SQL function, e.g. `sccs_intervals`.
+        function: String,
+        /// The design JSON as written.
+        settings: String,
+    },
     /// Work of a crate above this one, run by the runner registered as `kind` in the process
     /// that executes the node ([`crate::remote_task`]): no children.
     Task {
@@ -95,6 +117,8 @@ impl NodeSpec {
         match self {
             NodeSpec::Fit { function, .. }
             | NodeSpec::Study { function, .. }
+            | NodeSpec::SccsPart { function, .. }
+            | NodeSpec::SccsMerge { function, .. }
             | NodeSpec::Cohort { function, .. } => function,
             NodeSpec::Task { kind, .. } => kind,
             NodeSpec::EmpiricalNull => "empirical_null",
@@ -119,6 +143,8 @@ impl NodeSpec {
             NodeSpec::CalibrateEstimates => 2..=2,
             NodeSpec::Study { .. } | NodeSpec::Task { .. } => 0..=0,
             NodeSpec::Cohort { .. } => 1..=3,
+            NodeSpec::SccsPart { .. } => 4..=4,
+            NodeSpec::SccsMerge { .. } => 3..=4,
         }
     }
 }
@@ -134,6 +160,10 @@ enum Work {
     Cohort(crate::cohort_ps::CohortWork),
     /// A registered runner and its payload.
     Task(String, String),
+    /// One partition of an SCCS build partitioned by person.
+    SccsPart(Arc<crate::study::SccsDesign>, Part),
+    /// The merge of an SCCS build partitioned by person.
+    SccsMerge(Arc<crate::study::SccsDesign>, Part),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -147,7 +177,13 @@ pub struct EpiExec {
     /// Study builds: the session whose tables they read (not serialized).
     study_context: Option<SessionContext>,
     properties: Arc<PlanProperties>,
+    /// An SCCS pieces node: the global part of the build, computed once for all of this
+    /// instance's partitions (its small inputs run once).
+    global: SharedGlobal,
 }
+
+/// The global part of a partitioned SCCS build, shared by one node's partitions.
+type SharedGlobal = Arc<tokio::sync::OnceCell<Arc<crate::study::sccs_parts::Global>>>;
 
 impl fmt::Debug for EpiExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -195,9 +231,13 @@ impl EpiExec {
             Some(p) => Arc::new(schema.project(p)?),
             None => schema.clone(),
         };
+        let partitions = match work {
+            Work::SccsPart(..) => children[3].output_partitioning().partition_count(),
+            _ => 1,
+        };
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(projected),
-            Partitioning::UnknownPartitioning(1),
+            Partitioning::UnknownPartitioning(partitions),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
@@ -209,6 +249,7 @@ impl EpiExec {
             projection,
             study_context,
             properties,
+            global: SharedGlobal::default(),
         })
     }
 
@@ -265,6 +306,33 @@ impl EpiExec {
                 let schema = work.schema();
                 (Work::Diagnostics(work), schema)
             }
+            (
+                NodeSpec::SccsPart { settings, .. } | NodeSpec::SccsMerge { settings, .. },
+                SqlRole::Study(Design::Sccs, part),
+            ) => {
+                let d = crate::study::SccsDesign::from_json(settings)?;
+                d.check()?;
+                let d = Arc::new(d);
+                if let NodeSpec::SccsPart { .. } = spec {
+                    (
+                        Work::SccsPart(d, part),
+                        crate::study::sccs_parts::pieces_schema(),
+                    )
+                } else {
+                    let needs = if part == Part::CovariateRef { 3 } else { 4 };
+                    if children.len() != needs {
+                        return Err(plan_datafusion_err!(
+                            "{}: the merge takes {needs} input plans, got {}",
+                            spec.function(),
+                            children.len()
+                        ));
+                    }
+                    (
+                        Work::SccsMerge(d, part),
+                        crate::study::sccs_parts::part_schema(part),
+                    )
+                }
+            }
             _ => {
                 return Err(plan_datafusion_err!(
                     "`{}` is not a function of this node kind",
@@ -290,6 +358,7 @@ impl EpiExec {
         schema: SchemaRef,
         study_context: Option<SessionContext>,
         tables: Option<(String, StudyInputs)>,
+        (partition, global): (usize, SharedGlobal),
         context: Arc<TaskContext>,
     ) -> DfResult<RecordBatch> {
         match work {
@@ -316,6 +385,40 @@ impl EpiExec {
                 in_build_session(tables, study_context, &context, |ctx| w.run(ctx)).await
             }
             Work::Cohort(w) => w.run(&schema, children, context).await,
+            Work::SccsPart(d, part) => {
+                let g = global
+                    .get_or_try_init(|| async {
+                        let small = read_small(&children[..3], &context).await?;
+                        run_blocking(move || {
+                            crate::study::sccs_parts::global(&d, &small[0], &small[1], &small[2])
+                                .map(Arc::new)
+                        })
+                        .await
+                    })
+                    .await?
+                    .clone();
+                let rows = read_partition(&children[3], partition, &context).await?;
+                let pieces = run_blocking(move || {
+                    crate::study::sccs_parts::split_partition(&g, &rows, part == Part::Covariates)
+                })
+                .await?;
+                Ok(datafusion::arrow::compute::concat_batches(
+                    &crate::study::sccs_parts::pieces_schema(),
+                    &pieces,
+                )?)
+            }
+            Work::SccsMerge(d, part) => {
+                let small = read_small(&children[..3], &context).await?;
+                let pieces = match children.get(3) {
+                    Some(c) => read_partition(c, 0, &context).await?,
+                    None => Vec::new(),
+                };
+                run_blocking(move || {
+                    let g = crate::study::sccs_parts::global(&d, &small[0], &small[1], &small[2])?;
+                    crate::study::sccs_parts::merge(g, part, &pieces)
+                })
+                .await
+            }
             Work::Task(kind, payload) => {
                 let runner = crate::remote_task::runner(&kind)?;
                 let parts =
@@ -325,6 +428,43 @@ impl EpiExec {
             }
         }
     }
+}
+
+/// Every batch of partition `partition` of `plan`.
+async fn read_partition(
+    plan: &Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: &Arc<TaskContext>,
+) -> DfResult<Vec<RecordBatch>> {
+    let stream = plan.execute(partition, context.clone())?;
+    datafusion::physical_plan::common::collect(stream).await
+}
+
+/// The whole result of each of `plans` (each has one partition: the node asks for that).
+async fn read_small(
+    plans: &[Arc<dyn ExecutionPlan>],
+    context: &Arc<TaskContext>,
+) -> DfResult<Vec<Vec<RecordBatch>>> {
+    let mut out = Vec::with_capacity(plans.len());
+    for p in plans {
+        let n = p.output_partitioning().partition_count();
+        let mut batches = Vec::new();
+        for i in 0..n {
+            batches.extend(read_partition(p, i, context).await?);
+        }
+        out.push(batches);
+    }
+    Ok(out)
+}
+
+/// Run CPU work on a blocking thread (never on a tokio worker).
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> DfResult<T> + Send + 'static,
+) -> DfResult<T> {
+    datafusion::common::runtime::SpawnedTask::spawn_blocking(work)
+        .join()
+        .await
+        .map_err(|e| exec_datafusion_err!("epifusion task failed: {e}"))?
 }
 
 /// Run a study build, diagnostics or remote task in its session: one over the tables that a
@@ -358,6 +498,11 @@ where
 impl DisplayAs for EpiExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "EpiExec: {}", self.spec.function())?;
+        match self.spec {
+            NodeSpec::SccsPart { .. } => write!(f, " (pieces by person)")?,
+            NodeSpec::SccsMerge { .. } => write!(f, " (merge)")?,
+            _ => {}
+        }
         if let Some(p) = &self.projection {
             write!(f, ", projection={p:?}")?;
         }
@@ -388,7 +533,14 @@ impl ExecutionPlan for EpiExec {
             Work::Fit(_) => Distribution::UnspecifiedDistribution,
             _ => Distribution::SinglePartition,
         };
-        vec![each; self.children.len()]
+        let mut all = vec![each; self.children.len()];
+        if let (Work::SccsPart(..), Some(rows)) = (&self.work, self.children.get(3)) {
+            // Every row of a person in one partition.
+            if let Ok(person) = Column::new_with_schema("person_id", &rows.schema()) {
+                all[3] = Distribution::KeyPartitioned(vec![Arc::new(person)]);
+            }
+        }
+        all
     }
 
     /// No round-robin repartitioning in front of a fit either (it would reorder rows).
@@ -420,9 +572,10 @@ impl ExecutionPlan for EpiExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
-        if partition != 0 {
+        let partitions = self.properties.output_partitioning().partition_count();
+        if partition >= partitions {
             return Err(exec_datafusion_err!(
-                "EpiExec has one partition, asked for {partition}"
+                "EpiExec has {partitions} partition(s), asked for partition {partition}"
             ));
         }
         let out_schema = self.properties.eq_properties.schema().clone();
@@ -443,6 +596,7 @@ impl ExecutionPlan for EpiExec {
             self.schema.clone(),
             self.study_context.clone(),
             tables,
+            (partition, self.global.clone()),
             context,
         );
         let projection = self.projection.clone();

@@ -102,6 +102,29 @@ impl TableProvider for PlannedEpiTable {
         for plan in &self.inputs {
             children.push(crate::planning::physical_plan(state, plan).await?);
         }
+        if let NodeSpec::SccsMerge { function, settings } = &self.spec {
+            // The partitioned build: the pieces node over the four queries, under the merge
+            // (crate::study::sccs_parts). Each node gets its own physical plans of the small
+            // queries: an execution plan may keep state across its partitions (a file scan's
+            // shared work queue), so one instance must not run under two parents.
+            if children.len() == 4 {
+                let mut inputs = Vec::with_capacity(4);
+                for plan in &self.inputs[..3] {
+                    inputs.push(crate::planning::physical_plan(state, plan).await?);
+                }
+                inputs.push(children[3].clone());
+                let part = EpiExec::try_new(
+                    NodeSpec::SccsPart {
+                        function: function.clone(),
+                        settings: settings.clone(),
+                    },
+                    inputs,
+                    None,
+                    None,
+                )?;
+                children[3] = Arc::new(part);
+            }
+        }
         Ok(Arc::new(EpiExec::try_new(
             self.spec.clone(),
             children,
@@ -140,6 +163,48 @@ fn call_of(provider: &Arc<dyn TableProvider>) -> Option<DfResult<(NodeSpec, Vec<
     None
 }
 
+/// An SCCS study table (`sccs_intervals`, `sccs_covariates`, `sccs_covariate_ref`,
+/// `sccs_attrition`) as a build partitioned by person ([`crate::study::sccs_parts`]): its four
+/// queries planned in `session`; `None` for another study function or a design built as one
+/// task.
+async fn partitioned_sccs(
+    session: &dyn Session,
+    t: &crate::study::functions::StudyTable,
+    schema: SchemaRef,
+) -> DfResult<Option<PlannedEpiTable>> {
+    use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
+    let Some(&(_, _, part)) = STUDY_FUNCTIONS
+        .iter()
+        .find(|(name, design, _)| *name == t.name && *design == Design::Sccs)
+    else {
+        return Ok(None);
+    };
+    let d = crate::study::SccsDesign::from_json(&t.settings_json)?;
+    d.check()?;
+    let Some(queries) = crate::study::sccs_parts::split_queries(&d)? else {
+        return Ok(None);
+    };
+    // The queries read the session's OMOP tables: the same clear error as a one-task build
+    // when the session has none that can travel.
+    StudyInputs::from_session(session, t.name).await?;
+    let used = if part == Part::CovariateRef { 3 } else { 4 };
+    let names = ["cases", "outcomes", "concepts", "rows"];
+    let mut inputs = Vec::with_capacity(used);
+    for (sql, name) in queries.iter().zip(names).take(used) {
+        let what = format!("{}: the {name} query", t.name);
+        let input = crate::planning::logical_plan(session, sql, &what).await?;
+        inputs.push(prepare_for_cluster(session, input).await?);
+    }
+    Ok(Some(PlannedEpiTable {
+        spec: NodeSpec::SccsMerge {
+            function: t.name.to_string(),
+            settings: t.settings_json.clone(),
+        },
+        inputs,
+        schema,
+    }))
+}
+
 /// Replace every epifusion table-function call in `plan` (subqueries and the calls' own input
 /// queries included) by a [`PlannedEpiTable`] whose inputs are planned, read-only, in
 /// `session`; refuse the calls that cannot leave the session (module documentation).
@@ -165,6 +230,10 @@ async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPl
     let mut planned: HashMap<usize, Arc<dyn TableProvider>> = HashMap::new();
     for (key, provider) in calls {
         if let Some(t) = provider.downcast_ref::<crate::study::functions::StudyTable>() {
+            if let Some(table) = partitioned_sccs(session, t, provider.schema()).await? {
+                planned.insert(key, Arc::new(table));
+                continue;
+            }
             let table = PlannedEpiTable {
                 spec: NodeSpec::Study {
                     function: t.name.to_string(),

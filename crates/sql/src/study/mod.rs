@@ -26,6 +26,7 @@ pub mod eras;
 pub mod functions;
 pub mod sccs;
 pub mod sccs_many;
+pub mod sccs_parts;
 pub mod synth;
 pub mod synth_cohort;
 

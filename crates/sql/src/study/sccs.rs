@@ -902,9 +902,12 @@ fn required(a: &Int64Array, i: usize, what: &str, person: i64) -> DfResult<i64> 
     }
 }
 
-/// Read the study-population result.
+/// Read the study-population result, in the case order (person, observation period start,
+/// then observation period id and window as tie-breaks): the query's `ORDER BY`, made total,
+/// and independent of how the rows arrive (a distributed plan need not keep the order).
 pub fn read_cases(batches: &[RecordBatch]) -> DfResult<Vec<CaseRow>> {
     let mut out = Vec::new();
+    let mut starts = Vec::new();
     for b in batches {
         let c = |n: &str| i64_column(b, n);
         let (person, op, obs_end, birth) = (
@@ -913,6 +916,8 @@ pub fn read_cases(batches: &[RecordBatch]) -> DfResult<Vec<CaseRow>> {
             c("obs_end")?,
             c("birth_day")?,
         );
+        let obs_start = c("obs_start")?;
+        starts.extend((0..b.num_rows()).map(|i| (!obs_start.is_null(i)).then(|| obs_start.value(i))));
         let (start, end, dropped) = (c("start_day")?, c("end_day")?, c("dropped_at")?);
         let counts = [
             c("n_observed")?,
@@ -941,7 +946,20 @@ pub fn read_cases(batches: &[RecordBatch]) -> DfResult<Vec<CaseRow>> {
             });
         }
     }
-    Ok(out)
+    let mut order: Vec<usize> = (0..out.len()).collect();
+    let key = |i: usize| {
+        let c = &out[i];
+        (
+            c.person_id,
+            starts[i],
+            c.observation_period_id,
+            c.start_day,
+            c.end_day,
+        )
+    };
+    order.sort_by_key(|&i| key(i));
+    let mut slots: Vec<Option<CaseRow>> = out.into_iter().map(Some).collect();
+    Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
 /// Schema of the SCCS outcome table.
@@ -977,7 +995,7 @@ pub fn attrition_schema() -> SchemaRef {
 }
 
 /// Attrition rows (description, persons, cases, outcomes) from the candidate cases.
-fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, i64, i64)> {
+pub(super) fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, i64, i64)> {
     // (dropping step, description, index of the outcome count after it, active)
     let steps: [(i64, &str, usize, bool); 6] = [
         (1, "observation periods with an outcome", 0, true),
@@ -1466,7 +1484,7 @@ pub(super) fn intervals_to_batches(
 }
 
 #[derive(Default)]
-struct OutcomeColumns {
+pub(super) struct OutcomeColumns {
     row_id: Vec<i64>,
     stratum: Vec<i64>,
     time: Vec<f64>,
@@ -1476,7 +1494,7 @@ struct OutcomeColumns {
 }
 
 impl OutcomeColumns {
-    fn push(&mut self, row: i64, stratum: i64, days: i64, events: i64, m: (i64, Option<i64>)) {
+    pub(super) fn push(&mut self, row: i64, stratum: i64, days: i64, events: i64, m: (i64, Option<i64>)) {
         self.row_id.push(row);
         self.stratum.push(stratum);
         self.time.push(days as f64);
@@ -1485,7 +1503,7 @@ impl OutcomeColumns {
         self.period.push(m.1);
     }
 
-    fn finish(&mut self) -> DfResult<RecordBatch> {
+    pub(super) fn finish(&mut self) -> DfResult<RecordBatch> {
         let t = std::mem::take(self);
         Ok(RecordBatch::try_new(
             outcome_schema(),
@@ -1502,20 +1520,20 @@ impl OutcomeColumns {
 }
 
 #[derive(Default)]
-struct CovariateColumns {
+pub(super) struct CovariateColumns {
     row_id: Vec<i64>,
     covariate_id: Vec<i64>,
     value: Vec<f64>,
 }
 
 impl CovariateColumns {
-    fn push(&mut self, row: i64, id: i64, v: f64) {
+    pub(super) fn push(&mut self, row: i64, id: i64, v: f64) {
         self.row_id.push(row);
         self.covariate_id.push(id);
         self.value.push(v);
     }
 
-    fn finish(&mut self) -> DfResult<RecordBatch> {
+    pub(super) fn finish(&mut self) -> DfResult<RecordBatch> {
         let t = std::mem::take(self);
         Ok(RecordBatch::try_new(
             covariate_schema(),
