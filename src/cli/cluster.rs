@@ -26,7 +26,8 @@ pub(crate) struct ExecutorArgs {
     /// Tasks run at once (default: the number of CPU cores).
     #[arg(long)]
     pub(crate) concurrent_tasks: Option<usize>,
-    /// Folder for shuffle files and spills (default: a new temporary folder, removed on exit).
+    /// Folder for shuffle files (DIR/shuffle) and spills (DIR/spill), both removed on exit
+    /// (default: a new temporary folder, removed on exit).
     #[arg(long)]
     pub(crate) work_dir: Option<PathBuf>,
     /// Seconds a finished job's shuffle files are kept (all are removed when the executor stops).
@@ -35,6 +36,7 @@ pub(crate) struct ExecutorArgs {
 }
 
 pub(crate) fn run_scheduler(a: &SchedulerArgs) -> Result<()> {
+    epifusion::cluster::install_node_logger().map_err(|e| anyhow::anyhow!(e))?;
     let rt = runtime()?;
     eprintln!(
         "epifusion {} scheduler on {} (Ballista; no authentication: keep it on a private network)",
@@ -49,6 +51,7 @@ pub(crate) fn run_executor(a: &ExecutorArgs) -> Result<()> {
     if a.concurrent_tasks == Some(0) {
         bail!("--concurrent-tasks must be at least 1");
     }
+    epifusion::cluster::install_node_logger().map_err(|e| anyhow::anyhow!(e))?;
     let rt = runtime()?;
     eprintln!(
         "epifusion {} executor on {} (gRPC port {}), scheduler {}",

@@ -525,7 +525,10 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
     .await
     .unwrap_err()
     .to_string();
-    assert!(e.contains("picked") && e.contains("not sent"), "{e}");
+    assert!(
+        e.contains("`picked`") && e.contains("cannot be sent to the executors"),
+        "{e}"
+    );
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

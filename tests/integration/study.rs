@@ -770,8 +770,7 @@ async fn partitioned_sccs_builds_match_the_local_build() {
             let q = json.replace('\'', "''");
             for (function, order) in tables {
                 let sql = format!("SELECT * FROM {function}('{q}') ORDER BY {order}");
-                let local: Vec<RecordBatch> =
-                    ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+                let local: Vec<RecordBatch> = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
                 let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
                 let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
                 let shown = prepared.display_indent().to_string();
@@ -797,8 +796,8 @@ async fn partitioned_sccs_builds_match_the_local_build() {
                     );
                 }
                 let split: Vec<RecordBatch> = df.collect().await.unwrap();
-                let local = datafusion::arrow::compute::concat_batches(&local[0].schema(), &local)
-                    .unwrap();
+                let local =
+                    datafusion::arrow::compute::concat_batches(&local[0].schema(), &local).unwrap();
                 let split =
                     datafusion::arrow::compute::concat_batches(&local.schema(), &split).unwrap();
                 assert!(

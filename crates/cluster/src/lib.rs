@@ -35,10 +35,12 @@ use epifusion_sql::store::EnvObjectStoreRegistry;
 
 pub mod client;
 pub mod codec;
+pub mod logging;
 pub mod node;
 
 pub use client::{cluster_session, scheduler_url};
 pub use codec::{ClusterLogicalCodec, ClusterPhysicalCodec};
+pub use logging::install_node_logger;
 pub use node::{run_executor, run_scheduler, ExecutorOptions};
 
 /// epifusion's entries in a cluster session's configuration (`epifusion.*`), sent by Ballista
@@ -135,6 +137,14 @@ pub fn scheduler_session(config: SessionConfig) -> DfResult<SessionState> {
         ballista_aggregate_functions, ballista_scalar_functions, ballista_window_functions,
     };
     check_version(&config, "scheduler")?;
+    let mut config = config;
+    // A UNION ALL stays a union on a cluster. DataFusion would make a union of identically
+    // hash-partitioned inputs an `InterleaveExec`, which requires its inputs to keep that
+    // partitioning whenever it is rebuilt; Ballista's scheduler rebuilds stage plans as their
+    // inputs finish, and the rebuild failed ("new children can not be interleaved"), leaving
+    // the job waiting forever (seen with the person-partitioned SCCS build's row union). The
+    // cost is a repartition after such a union.
+    config.options_mut().optimizer.prefer_existing_union = true;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)

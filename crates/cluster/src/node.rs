@@ -42,7 +42,8 @@ pub struct ExecutorOptions {
     pub grpc_port: u16,
     /// Tasks run at once (default: the number of CPU cores).
     pub concurrent_tasks: Option<usize>,
-    /// Shuffle files and spills (default: a new folder under the system's temporary folder,
+    /// Shuffle files (under `shuffle/`) and spills (under `spill/`); both folders are removed
+    /// when the executor stops (default: a new folder under the system's temporary folder,
     /// removed when the executor stops).
     pub work_dir: Option<PathBuf>,
     /// Seconds a finished job's shuffle files are kept (checked every minute; all are removed
@@ -72,8 +73,18 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<(), BallistaError> {
             work_dir.display()
         ))
     })?;
-    let work = work_dir.to_string_lossy().to_string();
-    let temp = work.clone();
+    // Ballista's shuffle files and DataFusion's spill files in separate folders: Ballista
+    // treats every folder in its work dir as a job's shuffle data (it deletes them by age and
+    // when it stops), and DataFusion's spill folders, created and removed by the tasks
+    // themselves, raced with that clean-up and made it log errors at every stop.
+    let shuffle_dir = work_dir.join("shuffle");
+    let spill_dir = work_dir.join("spill");
+    for dir in [&shuffle_dir, &spill_dir] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| BallistaError::General(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let work = shuffle_dir.to_string_lossy().to_string();
+    let temp = spill_dir.to_string_lossy().to_string();
     let mut config = ExecutorProcessConfig {
         bind_host: opts.bind.ip().to_string(),
         external_host: Some(opts.bind.ip().to_string()),
@@ -101,6 +112,9 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<(), BallistaError> {
     config.override_logical_codec = Some(Arc::new(ClusterLogicalCodec::default()));
     config.override_physical_codec = Some(Arc::new(ClusterPhysicalCodec::default()));
     let result = start_executor_process(Arc::new(config)).await;
+    // Ballista has removed the jobs' shuffle data; what a task left behind goes too.
+    let _ = std::fs::remove_dir_all(&shuffle_dir);
+    let _ = std::fs::remove_dir_all(&spill_dir);
     if made_work_dir {
         let _ = std::fs::remove_dir_all(&work_dir);
     }

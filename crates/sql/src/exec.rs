@@ -40,9 +40,9 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::registry::{sql_functions, SqlRole};
+use crate::remote::StudyInputs;
 use crate::study::functions::{Design, Part};
 use datafusion::physical_expr::expressions::Column;
-use crate::remote::StudyInputs;
 
 /// What an [`EpiExec`] computes: serializable, and checked again when a node is rebuilt from it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

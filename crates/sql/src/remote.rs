@@ -186,13 +186,37 @@ async fn partitioned_sccs(
     };
     // The queries read the session's OMOP tables: the same clear error as a one-task build
     // when the session has none that can travel.
-    StudyInputs::from_session(session, t.name).await?;
+    let carried = StudyInputs::from_session(session, t.name).await?;
     let used = if part == Part::CovariateRef { 3 } else { 4 };
     let names = ["cases", "outcomes", "concepts", "rows"];
     let mut inputs = Vec::with_capacity(used);
     for (sql, name) in queries.iter().zip(names).take(used) {
         let what = format!("{}: the {name} query", t.name);
         let input = crate::planning::logical_plan(session, sql, &what).await?;
+        // A table of the session that cannot travel (in memory, derived) is named here rather
+        // than in the codec's error when the plan is sent.
+        let mut stuck: Vec<String> = Vec::new();
+        input.apply_with_subqueries(|node| {
+            if let LogicalPlan::TableScan(scan) = node {
+                let name = scan.table_name.table().to_string();
+                if carried.left_out.contains(&name) && !stuck.contains(&name) {
+                    stuck.push(name);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if !stuck.is_empty() {
+            return Err(plan_datafusion_err!(
+                "{what} reads tables of the client session that cannot be sent to the \
+                 executors (only tables that name their data — Parquet, CSV or JSON files or \
+                 URLs every node can read — can): {}",
+                stuck
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         inputs.push(prepare_for_cluster(session, input).await?);
     }
     Ok(Some(PlannedEpiTable {

@@ -917,7 +917,8 @@ pub fn read_cases(batches: &[RecordBatch]) -> DfResult<Vec<CaseRow>> {
             c("birth_day")?,
         );
         let obs_start = c("obs_start")?;
-        starts.extend((0..b.num_rows()).map(|i| (!obs_start.is_null(i)).then(|| obs_start.value(i))));
+        starts
+            .extend((0..b.num_rows()).map(|i| (!obs_start.is_null(i)).then(|| obs_start.value(i))));
         let (start, end, dropped) = (c("start_day")?, c("end_day")?, c("dropped_at")?);
         let counts = [
             c("n_observed")?,
@@ -995,7 +996,10 @@ pub fn attrition_schema() -> SchemaRef {
 }
 
 /// Attrition rows (description, persons, cases, outcomes) from the candidate cases.
-pub(super) fn population_attrition(d: &SccsDesign, cases: &[CaseRow]) -> Vec<(String, i64, i64, i64)> {
+pub(super) fn population_attrition(
+    d: &SccsDesign,
+    cases: &[CaseRow],
+) -> Vec<(String, i64, i64, i64)> {
     // (dropping step, description, index of the outcome count after it, active)
     let steps: [(i64, &str, usize, bool); 6] = [
         (1, "observation periods with an outcome", 0, true),
@@ -1494,7 +1498,14 @@ pub(super) struct OutcomeColumns {
 }
 
 impl OutcomeColumns {
-    pub(super) fn push(&mut self, row: i64, stratum: i64, days: i64, events: i64, m: (i64, Option<i64>)) {
+    pub(super) fn push(
+        &mut self,
+        row: i64,
+        stratum: i64,
+        days: i64,
+        events: i64,
+        m: (i64, Option<i64>),
+    ) {
         self.row_id.push(row);
         self.stratum.push(stratum);
         self.time.push(days as f64);

@@ -39,8 +39,8 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result as DfResult};
 use super::functions::Part;
 use super::sccs::{
     attrition_batch, covariate_schema, fixed_refs, i64_column, interval_plan, outcome_schema,
-    population_attrition, read_cases, window_covariates, CaseData, CaseRow, CovariateColumns,
-    Era, IntervalPlan, OutcomeColumns, SccsDesign,
+    population_attrition, read_cases, window_covariates, CaseData, CaseRow, CovariateColumns, Era,
+    IntervalPlan, OutcomeColumns, SccsDesign,
 };
 use super::{covariate_ref_batch, covariate_ref_schema, CovariateRef, Domain};
 
@@ -62,9 +62,8 @@ pub fn split_queries(d: &SccsDesign) -> DfResult<Option<[String; 4]>> {
     // Joins with DISTINCT person lists, not `IN (subquery)`: the plans travel through
     // datafusion-proto, which cannot encode a subquery expression.
     let kept = format!("SELECT DISTINCT c.person_id FROM ({cases}) AS c WHERE c.dropped_at = 0");
-    let with_outcome = format!(
-        "SELECT DISTINCT o.person_id FROM ({outcome}) AS o WHERE o.person_id IS NOT NULL"
-    );
+    let with_outcome =
+        format!("SELECT DISTINCT o.person_id FROM ({outcome}) AS o WHERE o.person_id IS NOT NULL");
     let mut concepts: Vec<String> = d
         .exposures
         .iter()
@@ -82,9 +81,8 @@ pub fn split_queries(d: &SccsDesign) -> DfResult<Option<[String; 4]>> {
     if concepts.is_empty() {
         // One row of NULLs (skipped when read), not an empty query: a plan with no
         // partitions would give a Ballista stage with no task.
-        concepts.push(
-            "SELECT CAST(NULL AS BIGINT) AS x, CAST(NULL AS BIGINT) AS concept_id".into(),
-        );
+        concepts
+            .push("SELECT CAST(NULL AS BIGINT) AS x, CAST(NULL AS BIGINT) AS concept_id".into());
     }
     let mut rows = vec![format!(
         "SELECT CAST({MARKER} AS BIGINT) AS x, CAST(m.person_id AS BIGINT) AS person_id, \
