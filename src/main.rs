@@ -38,7 +38,44 @@ fn main() {
         Command::Executor(a) => cli::cluster::run_executor(&a),
     };
     if let Err(e) = outcome {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", describe(&e));
         std::process::exit(1);
+    }
+}
+
+/// An error and its causes on one line, `a: b: c`, each cause written once: a cause whose text
+/// an earlier message already holds is left out (DataFusion's errors repeat their source's
+/// text in their own, so `{e:#}` would print a schema error three times).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || out.contains(text.trim()) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let inner = std::io::Error::other("No field named stratum");
+        let e = anyhow::Error::new(inner)
+            .context("Schema error: No field named stratum")
+            .context("reading the query");
+        assert_eq!(
+            describe(&e),
+            "reading the query: Schema error: No field named stratum"
+        );
+        let e = anyhow::anyhow!("disk full").context("writing out.parquet");
+        assert_eq!(describe(&e), "writing out.parquet: disk full");
     }
 }
