@@ -23,9 +23,15 @@ fn use_one_malloc_arena() {
 fn use_one_malloc_arena() {}
 
 fn main() {
-    use_one_malloc_arena();
-    epifusion::init();
     let cli = Cli::parse();
+    // Not for the cluster's nodes: an executor runs several tasks at once, each allocating
+    // freely (a person-partitioned SCCS build's partitions), and one arena made them queue on
+    // its lock — the two partitions of a 1,000,000-person build took twice the time of one
+    // local build, most of it in futex waits. Parsing the command line starts no thread.
+    if !matches!(cli.command, Command::Scheduler(_) | Command::Executor(_)) {
+        use_one_malloc_arena();
+    }
+    epifusion::init();
     let outcome = match cli.command {
         Command::Fit(a) => cli::fit::run_fit(&a),
         Command::Bench(a) => cli::bench::run_bench(&a),
