@@ -532,8 +532,11 @@ pub struct DesignBuilder {
 /// Hasher of integer ids (the splitmix64 finalizer). The builder's maps take millions of i64
 /// keys, for which std's SipHash costs more than the table lookups; the maps only translate
 /// ids to indices (their iteration order is never used), so a fixed, fast hash is enough.
+///
+/// Also used for keys made of integers (`epifusion-sql`'s interval patterns: slices of
+/// `(id, bits)` pairs), for the same reason.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -553,6 +556,10 @@ impl Hasher for IdHasher {
     }
     #[inline]
     fn write_i64(&mut self, x: i64) {
+        self.write_u64(x as u64);
+    }
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
         self.write_u64(x as u64);
     }
 }

@@ -635,6 +635,9 @@ pub struct IntervalPlan {
     merge: bool,
 }
 
+/// The hasher of a case's pattern index: its keys are integers, its order never used.
+type PatternHash = std::hash::BuildHasherDefault<epifusion_core::model::design::IdHasher>;
+
 /// One output row of a case: covariates (id, value), days, events.
 pub type PatternRow = (Vec<(i64, f64)>, i64, i64);
 
@@ -820,14 +823,20 @@ impl IntervalPlan {
             return None;
         }
         let mut rows: Vec<PatternRow> = Vec::new();
-        let mut index: HashMap<Vec<(i64, u64)>, usize> = HashMap::new();
+        // Rows by pattern (covariate ids and value bits); looked up with a reused key, so only
+        // a new pattern allocates.
+        let mut index: HashMap<Vec<(i64, u64)>, usize, PatternHash> = HashMap::default();
+        let mut key: Vec<(i64, u64)> = Vec::new();
+        let mut pattern: Vec<(i64, f64)> = Vec::new();
         for w in cuts.windows(2) {
             let (lo, hi) = (w[0], w[1] - 1);
-            let mut pattern: Vec<(i64, f64)> = windows
-                .iter()
-                .filter(|&&(_, s, e)| s <= lo && hi <= e)
-                .map(|&(id, _, _)| (id, 1.0))
-                .collect();
+            pattern.clear();
+            pattern.extend(
+                windows
+                    .iter()
+                    .filter(|&&(_, s, e)| s <= lo && hi <= e)
+                    .map(|&(id, _, _)| (id, 1.0)),
+            );
             if self.has_splines() {
                 self.month_covariates(lo, case.birth, &mut pattern);
             }
@@ -837,19 +846,20 @@ impl IntervalPlan {
                 - case.events.partition_point(|&d| d < lo)) as i64;
             let days = hi - lo + 1;
             if self.merge {
-                let key: Vec<(i64, u64)> = pattern.iter().map(|&(i, v)| (i, v.to_bits())).collect();
-                match index.get(&key) {
+                key.clear();
+                key.extend(pattern.iter().map(|&(i, v)| (i, v.to_bits())));
+                match index.get(key.as_slice()) {
                     Some(&k) => {
                         rows[k].1 += days;
                         rows[k].2 += events;
                     }
                     None => {
-                        index.insert(key, rows.len());
-                        rows.push((pattern, days, events));
+                        index.insert(key.clone(), rows.len());
+                        rows.push((pattern.clone(), days, events));
                     }
                 }
             } else {
-                rows.push((pattern, days, events));
+                rows.push((pattern.clone(), days, events));
             }
         }
         Some(SplitCase { rows, elementary })
