@@ -11,7 +11,9 @@
 -- Placeholders: {outcome} (person_id, concept_id, start_day, end_day), {first_only_pass}
 -- (TRUE, or `e.is_first` for "first outcome only"), {study_start} / {study_end} (day numbers),
 -- {min_age_days} / {max_age_end_days} (age limits in days), {naive_period} (days),
--- {gender_ok} (a condition on gender_concept_id).
+-- {gender_ok} (a condition on gender_concept_id), {range_columns} / {range_join} (empty, or the
+-- columns `era_first_day` / `era_last_day` of one exposure's calendar range and its cross join,
+-- which {study_start} / {study_end} then refer to as `o.era_first_day` / `o.era_last_day`).
 WITH outcome AS (
   {outcome}
 ),
@@ -26,9 +28,9 @@ observed AS (
          CAST(op.observation_period_end_date AS INT) AS obs_end,
          CAST(make_date(CAST(p.year_of_birth AS INT), CAST(coalesce(p.month_of_birth, 1) AS INT),
                         CAST(coalesce(p.day_of_birth, 1) AS INT)) AS INT) AS birth_day,
-         p.gender_concept_id
+         p.gender_concept_id{range_columns}
   FROM observation_period op
-  JOIN person p ON p.person_id = op.person_id
+  JOIN person p ON p.person_id = op.person_id{range_join}
 ),
 windowed AS (
   SELECT o.*,

@@ -473,6 +473,19 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
             "cohort_outcomes",
             format!("SELECT * FROM cohort_outcomes('{c}') ORDER BY row_id"),
         ),
+        // Built in one task on an executor: the local build's tables in its row order.
+        (
+            "cohort_covariates",
+            format!("SELECT * FROM cohort_covariates('{c}')"),
+        ),
+        (
+            "cohort_covariate_ref",
+            format!("SELECT * FROM cohort_covariate_ref('{c}')"),
+        ),
+        (
+            "cohort_attrition",
+            format!("SELECT * FROM cohort_attrition('{c}')"),
+        ),
         (
             "sccs_fit over the builds",
             format!(

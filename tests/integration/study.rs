@@ -747,6 +747,10 @@ async fn partitioned_sccs_builds_match_the_local_build() {
             "exposures": [{"concept_ids": [1118084, 1124300], "stratify_by_id": true}],
             "age_group_starts": [7300, 14600, 21900], "merge_patterns": false,
             "study_start_date": "1990-01-01", "genders": [8507, 8532]}"#,
+        // The study period narrowed to one exposure's era range inside the cases query.
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "exposures": [{"concept_ids": [1118084]}, {"concept_ids": [1124300], "first_occurrence_only": true}],
+            "restrict_time_to_exposure": 1}"#,
     ];
     let tables = [
         ("sccs_intervals", "row_id"),
@@ -825,5 +829,31 @@ async fn partitioned_sccs_builds_match_the_local_build() {
                 }
             }
         }
+    }
+    // A restricting exposure without eras: the local build's error, from the partitioned one.
+    let ctx = new_session(&SessionOptions {
+        omop: Some(store.clone()),
+        batch_size: None,
+    })
+    .await
+    .unwrap();
+    let json = r#"{"outcome": {"concept_ids": [192671]}, "exposures": [{"concept_ids": [1118084]},
+                   {"concept_ids": [999999999]}], "restrict_time_to_exposure": 1}"#;
+    let sql = format!("SELECT * FROM sccs_intervals('{json}')");
+    let local = ctx.sql(&sql).await.unwrap().collect().await.unwrap_err();
+    let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
+    let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
+    let split = ctx
+        .execute_logical_plan(prepared)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    for e in [local.to_string(), split.to_string()] {
+        assert!(
+            e.contains("restrict_time_to_exposure: exposures[1] has no eras in the store"),
+            "{e}"
+        );
     }
 }

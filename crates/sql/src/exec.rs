@@ -183,7 +183,14 @@ pub struct EpiExec {
 }
 
 /// The global part of a partitioned SCCS build, shared by one node's partitions.
-type SharedGlobal = Arc<tokio::sync::OnceCell<Arc<crate::study::sccs_parts::Global>>>;
+/// The result is kept even when it is an error: the small inputs' plans may be run only once
+/// (a repartition hands out each output partition once), so a second partition must not
+/// retry them.
+type SharedGlobal = Arc<
+    tokio::sync::OnceCell<
+        Result<Arc<crate::study::sccs_parts::Global>, Arc<datafusion::error::DataFusionError>>,
+    >,
+>;
 
 impl fmt::Debug for EpiExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -387,16 +394,21 @@ impl EpiExec {
             Work::Cohort(w) => w.run(&schema, children, context).await,
             Work::SccsPart(d, part) => {
                 let g = global
-                    .get_or_try_init(|| async {
-                        let small = read_small(&children[..3], &context).await?;
+                    .get_or_init(|| async {
+                        let small = match read_small(&children[..3], &context).await {
+                            Ok(small) => small,
+                            Err(e) => return Err(Arc::new(e)),
+                        };
                         run_blocking(move || {
                             crate::study::sccs_parts::global(&d, &small[0], &small[1], &small[2])
                                 .map(Arc::new)
                         })
                         .await
+                        .map_err(Arc::new)
                     })
-                    .await?
-                    .clone();
+                    .await
+                    .clone()
+                    .map_err(datafusion::error::DataFusionError::Shared)?;
                 let rows = read_partition(&children[3], partition, &context).await?;
                 let pieces = run_blocking(move || {
                     crate::study::sccs_parts::split_partition(&g, &rows, part == Part::Covariates)

@@ -12,7 +12,10 @@
 //! the scheduler, whose [`PlannedEpiTable::scan`] makes the same [`EpiExec`] the local path
 //! makes, with physical children that Ballista cuts into stages and runs on executors.
 //!
-//! A study build (`sccs_intervals`, `cohort_outcomes`, …, `sccs_diagnostics`) runs its own
+//! The SCCS study tables are built partitioned by person ([`crate::study::sccs_parts`]): their
+//! queries are planned here, in the client session, like a fit's inputs.
+//!
+//! Any other study build (`cohort_outcomes`, …, `sccs_diagnostics`) runs its own
 //! queries against the OMOP tables of the session that calls it. On a cluster it carries the
 //! client session's tables with it ([`StudyInputs`]): the logical plan of every table of the
 //! default schema that names its data (the OMOP store's Parquet / CSV listing tables and the
@@ -165,8 +168,7 @@ fn call_of(provider: &Arc<dyn TableProvider>) -> Option<DfResult<(NodeSpec, Vec<
 
 /// An SCCS study table (`sccs_intervals`, `sccs_covariates`, `sccs_covariate_ref`,
 /// `sccs_attrition`) as a build partitioned by person ([`crate::study::sccs_parts`]): its four
-/// queries planned in `session`; `None` for another study function or a design built as one
-/// task.
+/// queries planned in `session`; `None` for another study function.
 async fn partitioned_sccs(
     session: &dyn Session,
     t: &crate::study::functions::StudyTable,
@@ -181,17 +183,39 @@ async fn partitioned_sccs(
     };
     let d = crate::study::SccsDesign::from_json(&t.settings_json)?;
     d.check()?;
-    let Some(queries) = crate::study::sccs_parts::split_queries(&d)? else {
-        return Ok(None);
-    };
-    // The queries read the session's OMOP tables: the same clear error as a one-task build
-    // when the session has none that can travel.
-    let carried = StudyInputs::from_session(session, t.name).await?;
+    let queries = crate::study::sccs_parts::split_queries(&d)?;
     let used = if part == Part::CovariateRef { 3 } else { 4 };
     let names = ["cases", "outcomes", "concepts", "rows"];
-    let mut inputs = Vec::with_capacity(used);
-    for (sql, name) in queries.iter().zip(names).take(used) {
-        let what = format!("{}: the {name} query", t.name);
+    let queries: Vec<(&str, &str)> = queries
+        .iter()
+        .map(String::as_str)
+        .zip(names)
+        .take(used)
+        .collect();
+    let inputs = plan_build_queries(session, t.name, &queries).await?;
+    Ok(Some(PlannedEpiTable {
+        spec: NodeSpec::SccsMerge {
+            function: t.name.to_string(),
+            settings: t.settings_json.clone(),
+        },
+        inputs,
+        schema,
+    }))
+}
+
+/// The queries of a build run as distributed plans ((SQL, name) pairs), planned in `session`
+/// and prepared for the cluster.
+async fn plan_build_queries(
+    session: &dyn Session,
+    function: &str,
+    queries: &[(&str, &str)],
+) -> DfResult<Vec<LogicalPlan>> {
+    // The queries read the session's OMOP tables: the same clear error as a one-task build
+    // when the session has none that can travel.
+    let carried = StudyInputs::from_session(session, function).await?;
+    let mut inputs = Vec::with_capacity(queries.len());
+    for (sql, name) in queries {
+        let what = format!("{function}: the {name} query");
         let input = crate::planning::logical_plan(session, sql, &what).await?;
         // A table of the session that cannot travel (in memory, derived) is named here rather
         // than in the codec's error when the plan is sent.
@@ -219,14 +243,7 @@ async fn partitioned_sccs(
         }
         inputs.push(prepare_for_cluster(session, input).await?);
     }
-    Ok(Some(PlannedEpiTable {
-        spec: NodeSpec::SccsMerge {
-            function: t.name.to_string(),
-            settings: t.settings_json.clone(),
-        },
-        inputs,
-        schema,
-    }))
+    Ok(inputs)
 }
 
 /// Replace every epifusion table-function call in `plan` (subqueries and the calls' own input

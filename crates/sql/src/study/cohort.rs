@@ -4,7 +4,8 @@
 //! The study population, risk windows, outcomes and competing events are one SQL query
 //! (`sql/study/cohort_population.sql`), whose `dropped_at` column gives the attrition table; the
 //! baseline covariates are a second query (`sql/study/cohort_covariates.sql`) over the kept
-//! entries.
+//! entries. The covariate table is the treatment rows (in `row_id` order), then the baseline
+//! rows ordered by (`row_id`, `covariate_id`), whatever order the query returns them in.
 //!
 //! # Settings (JSON keys; CohortMethod defaults)
 //!
@@ -334,7 +335,11 @@ impl CohortDesign {
     }
 
     /// The covariate SQL over a population table.
-    fn covariates_sql(&self, ctx: &SessionContext, population: &str) -> DfResult<String> {
+    pub(super) fn covariates_sql(
+        &self,
+        ctx: &SessionContext,
+        population: &str,
+    ) -> DfResult<String> {
         let c = &self.covariates;
         let has = |t: &str| ctx.table_exist(t).unwrap_or(false);
         let mut excluded_ids: Vec<i64> = c.excluded_concept_ids.clone();
@@ -427,7 +432,7 @@ pub fn attrition_schema() -> SchemaRef {
 
 /// One entry of the population query.
 #[derive(Debug, Clone)]
-struct Entry {
+pub(super) struct Entry {
     row_id: i64,
     person_id: i64,
     treatment: i64,
@@ -438,10 +443,11 @@ struct Entry {
     risk_end: i64,
     status: i64,
     time: i64,
-    dropped_at: i64,
+    pub(super) dropped_at: i64,
 }
 
-fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
+/// The population query's entries, in `row_id` order (however the rows arrived).
+pub(super) fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
     let mut out = Vec::new();
     for b in batches {
         let c = |n: &str| i64_column(b, n);
@@ -480,10 +486,13 @@ fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
             });
         }
     }
+    // The query's `ORDER BY row_id`, kept whatever a distributed plan did to the order.
+    out.sort_by_key(|e| e.row_id);
     Ok(out)
 }
 
-fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
+/// The attrition table of the population query's entries.
+pub(super) fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
     let steps: [(i64, String, bool); 7] = [
         (
             1,
@@ -570,8 +579,30 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
     let entries = read_entries(&query(ctx, &d.population_sql()?).await?)?;
     let attrition = attrition(d, &entries)?;
     let kept: Vec<&Entry> = entries.iter().filter(|e| e.dropped_at == 0).collect();
+    let outcomes = outcome_batch(d, &kept)?;
 
-    // Strata: exact matches on the chosen variables, numbered in sorted order.
+    // Covariates: treatment, then the baseline covariates of the kept entries.
+    let temp = TempTable::register(
+        ctx,
+        "cohort_population",
+        population_schema(),
+        vec![population_batch(&kept)?],
+    )?;
+    let baseline = query(ctx, &d.covariates_sql(ctx, &temp.name)?).await?;
+    drop(temp);
+    let (baseline, refs) = baseline_covariates(&baseline)?;
+    let names = concept_names(ctx, &refs).await?;
+    Ok(StudyTables {
+        outcomes: vec![outcomes],
+        covariates: vec![treatment_covariates(&kept)?, baseline],
+        covariate_ref: vec![covariate_ref_table(refs, &names)?],
+        attrition: vec![attrition],
+    })
+}
+
+/// The outcome table of the kept entries (in `row_id` order), with strata when asked for:
+/// exact matches on the chosen variables, numbered in sorted order.
+pub(super) fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
     let stratified = !d.strata.is_empty();
     let key = |e: &Entry| -> Vec<Option<i64>> {
         d.strata
@@ -627,18 +658,33 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
         )),
         Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.status))),
     ]);
-    let outcomes = RecordBatch::try_new(outcome_schema(stratified), cols)?;
+    Ok(RecordBatch::try_new(outcome_schema(stratified), cols)?)
+}
 
-    // Covariates: treatment, then the baseline covariates of the kept entries.
-    let population_schema = Arc::new(Schema::new(vec![
-        Field::new("row_id", DataType::Int64, false),
-        Field::new("person_id", DataType::Int64, false),
-        Field::new("start_day", DataType::Int64, false),
-        Field::new("birth_day", DataType::Int64, true),
-        Field::new("gender_concept_id", DataType::Int64, true),
-    ]));
-    let population = RecordBatch::try_new(
-        population_schema.clone(),
+/// The columns of the kept population that the covariate query reads.
+pub(super) const POPULATION_COLUMNS: [&str; 5] = [
+    "row_id",
+    "person_id",
+    "start_day",
+    "birth_day",
+    "gender_concept_id",
+];
+
+/// Schema of the kept population that the covariate query reads ([`POPULATION_COLUMNS`]).
+fn population_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(POPULATION_COLUMNS[0], DataType::Int64, false),
+        Field::new(POPULATION_COLUMNS[1], DataType::Int64, false),
+        Field::new(POPULATION_COLUMNS[2], DataType::Int64, false),
+        Field::new(POPULATION_COLUMNS[3], DataType::Int64, true),
+        Field::new(POPULATION_COLUMNS[4], DataType::Int64, true),
+    ]))
+}
+
+/// The kept population as the covariate query reads it.
+fn population_batch(kept: &[&Entry]) -> DfResult<RecordBatch> {
+    Ok(RecordBatch::try_new(
+        population_schema(),
         vec![
             Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.row_id))),
             Arc::new(Int64Array::from_iter_values(
@@ -650,30 +696,36 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
             Arc::new(Int64Array::from_iter(kept.iter().map(|e| e.birth_day))),
             Arc::new(Int64Array::from_iter(kept.iter().map(|e| e.gender))),
         ],
-    )?;
+    )?)
+}
+
+/// The treatment covariate (1 for each kept target entry, in `row_id` order).
+pub(super) fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
     let treated: Vec<i64> = kept
         .iter()
         .filter(|e| e.treatment == 1)
         .map(|e| e.row_id)
         .collect();
-    let mut covariates = vec![RecordBatch::try_new(
+    let n = treated.len();
+    Ok(RecordBatch::try_new(
         covariate_schema(),
         vec![
-            Arc::new(Int64Array::from(treated.clone())),
-            Arc::new(Int64Array::from(vec![TREATMENT_ID; treated.len()])),
-            Arc::new(Float64Array::from(vec![1.0; treated.len()])),
+            Arc::new(Int64Array::from(treated)),
+            Arc::new(Int64Array::from(vec![TREATMENT_ID; n])),
+            Arc::new(Float64Array::from(vec![1.0; n])),
         ],
-    )?];
-    let temp = TempTable::register(
-        ctx,
-        "cohort_population",
-        population_schema,
-        vec![population],
-    )?;
-    let baseline = query(ctx, &d.covariates_sql(ctx, &temp.name)?).await?;
-    drop(temp);
-    let mut refs: BTreeMap<i64, (i64, Option<i64>)> = BTreeMap::new();
-    for b in &baseline {
+    )?)
+}
+
+/// What the baseline covariate query found: its rows as covariates (value 1), in
+/// (`row_id`, `covariate_id`) order whatever order they arrived in, and each covariate's
+/// analysis and concept.
+pub(super) fn baseline_covariates(
+    baseline: &[RecordBatch],
+) -> DfResult<(RecordBatch, CovariateOrigins)> {
+    let mut refs = CovariateOrigins::new();
+    let mut pairs: Vec<(i64, i64)> = Vec::new();
+    for b in baseline {
         let (row, cov, analysis, concept) = (
             i64_column(b, "row_id")?,
             i64_column(b, "covariate_id")?,
@@ -681,21 +733,37 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
             i64_column(b, "concept_id")?,
         );
         for i in 0..b.num_rows() {
+            if row.is_null(i) || cov.is_null(i) {
+                return exec_err!("cohort covariates: a row with a NULL row_id or covariate_id");
+            }
             refs.entry(cov.value(i)).or_insert((
                 analysis.value(i),
                 (!concept.is_null(i)).then(|| concept.value(i)),
             ));
+            pairs.push((row.value(i), cov.value(i)));
         }
-        covariates.push(RecordBatch::try_new(
-            covariate_schema(),
-            vec![
-                Arc::new(row),
-                Arc::new(cov),
-                Arc::new(Float64Array::from(vec![1.0; b.num_rows()])),
-            ],
-        )?);
     }
-    let names = concept_names(ctx, &refs).await?;
+    pairs.sort_unstable();
+    let batch = RecordBatch::try_new(
+        covariate_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(pairs.iter().map(|p| p.0))),
+            Arc::new(Int64Array::from_iter_values(pairs.iter().map(|p| p.1))),
+            Arc::new(Float64Array::from(vec![1.0; pairs.len()])),
+        ],
+    )?;
+    Ok((batch, refs))
+}
+
+/// Each baseline covariate's (analysis id, concept id), by covariate id.
+pub(super) type CovariateOrigins = BTreeMap<i64, (i64, Option<i64>)>;
+
+/// The covariate reference: the treatment, then every baseline covariate in id order, named
+/// from `names` (concept id → concept name).
+pub(super) fn covariate_ref_table(
+    refs: CovariateOrigins,
+    names: &BTreeMap<i64, String>,
+) -> DfResult<RecordBatch> {
     let mut covariate_ref = vec![CovariateRef {
         covariate_id: TREATMENT_ID,
         name: "treatment (target = 1, comparator = 0)".into(),
@@ -731,16 +799,11 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
             concept_id: concept,
         });
     }
-    Ok(StudyTables {
-        outcomes: vec![outcomes],
-        covariates,
-        covariate_ref: vec![covariate_ref_batch(&covariate_ref)?],
-        attrition: vec![attrition],
-    })
+    covariate_ref_batch(&covariate_ref)
 }
 
 /// Concept names of the covariates' concepts (empty when the store has no `concept` table).
-async fn concept_names(
+pub(super) async fn concept_names(
     ctx: &SessionContext,
     refs: &BTreeMap<i64, (i64, Option<i64>)>,
 ) -> DfResult<BTreeMap<i64, String>> {

@@ -78,6 +78,10 @@ pub const SCCS_CASES_SQL: &str = include_str!("../../../../sql/study/sccs_cases.
 /// Rows of a concept set for the kept cases.
 pub const SCCS_CASE_ROWS_SQL: &str = include_str!("../../../../sql/study/sccs_case_rows.sql");
 
+/// The `x` of the row of a partitioned build's `concepts` query that counts the eras of
+/// `restrict_time_to_exposure`'s exposure ([`SccsDesign::exposure_era_count_sql`]).
+pub const RANGE_ROW: i64 = -2;
+
 /// Covariate id of the end-of-observation probe.
 pub const PROBE_ID: i64 = 99;
 /// First covariate id of age effects (groups or spline), season and calendar time.
@@ -441,6 +445,61 @@ impl SccsDesign {
     /// study period narrowed to `era_range` (first day, last day) when given.
     pub fn cases_sql(&self, era_range: Option<(i64, i64)>) -> DfResult<String> {
         let (lo, hi) = era_range.unwrap_or((-NO_LIMIT, NO_LIMIT));
+        let range = (
+            self.study_start()?.max(lo).to_string(),
+            self.study_end()?.min(hi).to_string(),
+        );
+        self.cases_sql_over(range, None)
+    }
+
+    /// The study-population SQL with the study period narrowed, in the query itself, to the
+    /// calendar range of `restrict_time_to_exposure`'s eras (first start … last end): what
+    /// [`SccsDesign::cases_sql`] gives with that range, as one query (a build partitioned by
+    /// person plans its queries before any runs). An exposure with no era leaves the period
+    /// as it is; the caller checks for that ([`SccsDesign::exposure_era_count_sql`]).
+    pub fn cases_sql_restricted(&self) -> DfResult<String> {
+        let Some(x) = self.restrict_time_to_exposure else {
+            return self.cases_sql(None);
+        };
+        let eras = format!(
+            "SELECT CAST(min(e.start_day) AS BIGINT) AS first_day, CAST(max(e.end_day) AS \
+             BIGINT) AS last_day FROM ({}) AS e",
+            self.exposures[x].concept_set().sql(Domain::DrugEra)
+        );
+        let range = (
+            format!("greatest({}, o.era_first_day)", self.study_start()?),
+            format!("least({}, o.era_last_day)", self.study_end()?),
+        );
+        self.cases_sql_over(range, Some(eras))
+    }
+
+    /// The number of eras of `restrict_time_to_exposure`'s exposure, as a query
+    /// (`x` = [`RANGE_ROW`], `concept_id` = the count); `None` without the setting.
+    pub fn exposure_era_count_sql(&self) -> Option<String> {
+        self.restrict_time_to_exposure.map(|x| {
+            format!(
+                "SELECT CAST({RANGE_ROW} AS BIGINT) AS x, CAST(count(e.start_day) AS BIGINT) AS \
+                 concept_id FROM ({}) AS e",
+                self.exposures[x].concept_set().sql(Domain::DrugEra)
+            )
+        })
+    }
+
+    /// The study-population SQL with the study period's first and last day as SQL
+    /// expressions, and the query giving `o.era_first_day` / `o.era_last_day` when they use
+    /// them.
+    fn cases_sql_over(
+        &self,
+        (start, end): (String, String),
+        eras: Option<String>,
+    ) -> DfResult<String> {
+        let (range_columns, range_join) = match eras {
+            Some(eras) => (
+                ", r.first_day AS era_first_day, r.last_day AS era_last_day".to_string(),
+                format!("\n  CROSS JOIN ({eras}) AS r"),
+            ),
+            None => (String::new(), String::new()),
+        };
         let min_age_days = self
             .min_age
             .map_or(-NO_LIMIT, |a| (a * 365.25).ceil() as i64);
@@ -467,8 +526,10 @@ impl SccsDesign {
                         "TRUE".into()
                     },
                 ),
-                ("study_start", self.study_start()?.max(lo).to_string()),
-                ("study_end", self.study_end()?.min(hi).to_string()),
+                ("study_start", start),
+                ("study_end", end),
+                ("range_columns", range_columns),
+                ("range_join", range_join),
                 ("min_age_days", min_age_days.to_string()),
                 ("max_age_end_days", max_age_end_days.to_string()),
                 ("naive_period", self.naive_period.to_string()),

@@ -25,9 +25,11 @@
 //!
 //! The result is the local build's, bit for bit: the same interval code runs on the same case
 //! data (events sorted, eras in any order), and the numbering follows the same case order.
-//! The merge holds the finished table, as the local build does. A design with
-//! `restrict_time_to_exposure` (its study period comes from a query run first) runs as one
-//! task, as before.
+//! The merge holds the finished table, as the local build does. With
+//! `restrict_time_to_exposure`, the study period is narrowed inside the `cases` query (a cross
+//! join with the exposure's era range, [`SccsDesign::cases_sql_restricted`]) rather than by a
+//! query run first, and `concepts` carries the exposure's era count, so a store without its
+//! eras gets the local build's error.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -40,7 +42,7 @@ use super::functions::Part;
 use super::sccs::{
     attrition_batch, covariate_schema, fixed_refs, i64_column, interval_plan, outcome_schema,
     population_attrition, read_cases, window_covariates, CaseData, CaseRow, CovariateColumns, Era,
-    IntervalPlan, OutcomeColumns, SccsDesign,
+    IntervalPlan, OutcomeColumns, SccsDesign, RANGE_ROW,
 };
 use super::{covariate_ref_batch, covariate_ref_schema, CovariateRef, Domain};
 
@@ -48,12 +50,9 @@ use super::{covariate_ref_batch, covariate_ref_schema, CovariateRef, Domain};
 const MARKER: i64 = -1;
 
 /// The four queries of a partitioned build (`cases`, `outcomes`, `concepts`, `rows`; module
-/// documentation), or `None` for a design that is built as one task.
-pub fn split_queries(d: &SccsDesign) -> DfResult<Option<[String; 4]>> {
-    if d.restrict_time_to_exposure.is_some() {
-        return Ok(None);
-    }
-    let cases = d.cases_sql(None)?;
+/// documentation).
+pub fn split_queries(d: &SccsDesign) -> DfResult<[String; 4]> {
+    let cases = d.cases_sql_restricted()?;
     let outcome = d.outcome.sql(Domain::ConditionOccurrence);
     let outcomes = format!(
         "SELECT CAST(o.person_id AS BIGINT) AS person_id, CAST(o.start_day AS BIGINT) AS \
@@ -78,6 +77,7 @@ pub fn split_queries(d: &SccsDesign) -> DfResult<Option<[String; 4]>> {
             )
         })
         .collect();
+    concepts.extend(d.exposure_era_count_sql());
     if concepts.is_empty() {
         // One row of NULLs (skipped when read), not an empty query: a plan with no
         // partitions would give a Ballista stage with no task.
@@ -98,12 +98,12 @@ pub fn split_queries(d: &SccsDesign) -> DfResult<Option<[String; 4]>> {
             e.concept_set().sql(Domain::DrugEra)
         ));
     }
-    Ok(Some([
+    Ok([
         cases,
         outcomes,
         concepts.join(" UNION ALL "),
         rows.join(" UNION ALL "),
-    ]))
+    ])
 }
 
 /// What every task of a partitioned build computes from the three small queries.
@@ -169,16 +169,33 @@ pub fn global(
         }
     }
     let mut sets: Vec<BTreeSet<i64>> = vec![BTreeSet::new(); d.exposures.len()];
+    let mut range_eras = None;
     for b in concepts {
         let (x, concept) = (i64_column(b, "x")?, i64_column(b, "concept_id")?);
         for i in 0..b.num_rows() {
             if x.is_null(i) || concept.is_null(i) {
                 continue;
             }
+            if x.value(i) == RANGE_ROW {
+                range_eras = Some(concept.value(i));
+                continue;
+            }
             let set = sets.get_mut(x.value(i) as usize).ok_or_else(|| {
                 exec_datafusion_err!("sccs build: exposure index {} out of range", x.value(i))
             })?;
             set.insert(concept.value(i));
+        }
+    }
+    if let Some(x) = d.restrict_time_to_exposure {
+        // The local build's check, on the count the concepts query carried.
+        match range_eras {
+            Some(0) => {
+                return exec_err!(
+                    "restrict_time_to_exposure: exposures[{x}] has no eras in the store"
+                )
+            }
+            Some(_) => {}
+            None => return exec_err!("sccs build: the era count of exposures[{x}] is missing"),
         }
     }
     let (windows, mut refs) = window_covariates(d, &sets)?;
