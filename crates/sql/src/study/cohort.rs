@@ -335,11 +335,7 @@ impl CohortDesign {
     }
 
     /// The covariate SQL over a population table.
-    pub(super) fn covariates_sql(
-        &self,
-        ctx: &SessionContext,
-        population: &str,
-    ) -> DfResult<String> {
+    fn covariates_sql(&self, ctx: &SessionContext, population: &str) -> DfResult<String> {
         let c = &self.covariates;
         let has = |t: &str| ctx.table_exist(t).unwrap_or(false);
         let mut excluded_ids: Vec<i64> = c.excluded_concept_ids.clone();
@@ -432,7 +428,7 @@ pub fn attrition_schema() -> SchemaRef {
 
 /// One entry of the population query.
 #[derive(Debug, Clone)]
-pub(super) struct Entry {
+struct Entry {
     row_id: i64,
     person_id: i64,
     treatment: i64,
@@ -443,11 +439,11 @@ pub(super) struct Entry {
     risk_end: i64,
     status: i64,
     time: i64,
-    pub(super) dropped_at: i64,
+    dropped_at: i64,
 }
 
 /// The population query's entries, in `row_id` order (however the rows arrived).
-pub(super) fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
+fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
     let mut out = Vec::new();
     for b in batches {
         let c = |n: &str| i64_column(b, n);
@@ -492,7 +488,7 @@ pub(super) fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
 }
 
 /// The attrition table of the population query's entries.
-pub(super) fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
+fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
     let steps: [(i64, String, bool); 7] = [
         (
             1,
@@ -602,7 +598,7 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
 
 /// The outcome table of the kept entries (in `row_id` order), with strata when asked for:
 /// exact matches on the chosen variables, numbered in sorted order.
-pub(super) fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
+fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
     let stratified = !d.strata.is_empty();
     let key = |e: &Entry| -> Vec<Option<i64>> {
         d.strata
@@ -662,7 +658,7 @@ pub(super) fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<Recor
 }
 
 /// The columns of the kept population that the covariate query reads.
-pub(super) const POPULATION_COLUMNS: [&str; 5] = [
+const POPULATION_COLUMNS: [&str; 5] = [
     "row_id",
     "person_id",
     "start_day",
@@ -700,7 +696,7 @@ fn population_batch(kept: &[&Entry]) -> DfResult<RecordBatch> {
 }
 
 /// The treatment covariate (1 for each kept target entry, in `row_id` order).
-pub(super) fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
+fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
     let treated: Vec<i64> = kept
         .iter()
         .filter(|e| e.treatment == 1)
@@ -720,9 +716,7 @@ pub(super) fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
 /// What the baseline covariate query found: its rows as covariates (value 1), in
 /// (`row_id`, `covariate_id`) order whatever order they arrived in, and each covariate's
 /// analysis and concept.
-pub(super) fn baseline_covariates(
-    baseline: &[RecordBatch],
-) -> DfResult<(RecordBatch, CovariateOrigins)> {
+fn baseline_covariates(baseline: &[RecordBatch]) -> DfResult<(RecordBatch, CovariateOrigins)> {
     let mut refs = CovariateOrigins::new();
     let mut pairs: Vec<(i64, i64)> = Vec::new();
     for b in baseline {
@@ -756,11 +750,11 @@ pub(super) fn baseline_covariates(
 }
 
 /// Each baseline covariate's (analysis id, concept id), by covariate id.
-pub(super) type CovariateOrigins = BTreeMap<i64, (i64, Option<i64>)>;
+type CovariateOrigins = BTreeMap<i64, (i64, Option<i64>)>;
 
 /// The covariate reference: the treatment, then every baseline covariate in id order, named
 /// from `names` (concept id → concept name).
-pub(super) fn covariate_ref_table(
+fn covariate_ref_table(
     refs: CovariateOrigins,
     names: &BTreeMap<i64, String>,
 ) -> DfResult<RecordBatch> {
@@ -803,7 +797,7 @@ pub(super) fn covariate_ref_table(
 }
 
 /// Concept names of the covariates' concepts (empty when the store has no `concept` table).
-pub(super) async fn concept_names(
+async fn concept_names(
     ctx: &SessionContext,
     refs: &BTreeMap<i64, (i64, Option<i64>)>,
 ) -> DfResult<BTreeMap<i64, String>> {

@@ -461,16 +461,22 @@ impl SccsDesign {
         let Some(x) = self.restrict_time_to_exposure else {
             return self.cases_sql(None);
         };
-        let eras = format!(
-            "SELECT CAST(min(e.start_day) AS BIGINT) AS first_day, CAST(max(e.end_day) AS \
-             BIGINT) AS last_day FROM ({}) AS e",
-            self.exposures[x].concept_set().sql(Domain::DrugEra)
-        );
+        let eras = self.era_range_sql(x);
         let range = (
             format!("greatest({}, o.era_first_day)", self.study_start()?),
             format!("least({}, o.era_last_day)", self.study_end()?),
         );
         self.cases_sql_over(range, Some(eras))
+    }
+
+    /// The calendar range of exposure `x`'s eras as a one-row query (`first_day`, `last_day`;
+    /// NULL when it has none).
+    fn era_range_sql(&self, x: usize) -> String {
+        format!(
+            "SELECT CAST(min(e.start_day) AS BIGINT) AS first_day, CAST(max(e.end_day) AS \
+             BIGINT) AS last_day FROM ({}) AS e",
+            self.exposures[x].concept_set().sql(Domain::DrugEra)
+        )
     }
 
     /// The number of eras of `restrict_time_to_exposure`'s exposure, as a query
@@ -537,6 +543,11 @@ impl SccsDesign {
             ],
         )
     }
+}
+
+/// The error of a design whose `restrict_time_to_exposure` exposure `x` has no eras.
+pub(super) fn no_eras(x: usize) -> datafusion::error::DataFusionError {
+    exec_datafusion_err!("restrict_time_to_exposure: exposures[{x}] has no eras in the store")
 }
 
 /// One candidate case from the study-population query.
@@ -1238,19 +1249,14 @@ pub async fn load_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCas
     // 1. Study population (with the exposure's observed calendar range, when asked for).
     let era_range = match d.restrict_time_to_exposure {
         Some(x) => {
-            let sql = format!(
-                "SELECT CAST(min(start_day) AS BIGINT) AS first_day, CAST(max(end_day) AS BIGINT) AS last_day FROM ({}) AS eras",
-                d.exposures[x].concept_set().sql(Domain::DrugEra)
-            );
+            let sql = d.era_range_sql(x);
             let b = query(ctx, &sql).await?;
             let (first, last) = (
                 i64_column(&b[0], "first_day")?,
                 i64_column(&b[0], "last_day")?,
             );
             if first.is_null(0) {
-                return exec_err!(
-                    "restrict_time_to_exposure: exposures[{x}] has no eras in the store"
-                );
+                return Err(no_eras(x));
             }
             Some((first.value(0), last.value(0)))
         }

@@ -40,9 +40,9 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result as DfResult};
 
 use super::functions::Part;
 use super::sccs::{
-    attrition_batch, covariate_schema, fixed_refs, i64_column, interval_plan, outcome_schema,
-    population_attrition, read_cases, window_covariates, CaseData, CaseRow, CovariateColumns, Era,
-    IntervalPlan, OutcomeColumns, SccsDesign, RANGE_ROW,
+    attrition_batch, covariate_schema, fixed_refs, i64_column, interval_plan, no_eras,
+    outcome_schema, population_attrition, read_cases, window_covariates, CaseData, CaseRow,
+    CovariateColumns, Era, IntervalPlan, OutcomeColumns, SccsDesign, RANGE_ROW,
 };
 use super::{covariate_ref_batch, covariate_ref_schema, CovariateRef, Domain};
 
@@ -189,11 +189,7 @@ pub fn global(
     if let Some(x) = d.restrict_time_to_exposure {
         // The local build's check, on the count the concepts query carried.
         match range_eras {
-            Some(0) => {
-                return exec_err!(
-                    "restrict_time_to_exposure: exposures[{x}] has no eras in the store"
-                )
-            }
+            Some(0) => return Err(no_eras(x)),
             Some(_) => {}
             None => return exec_err!("sccs build: the era count of exposures[{x}] is missing"),
         }
