@@ -444,7 +444,15 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
             "remove_subjects_with_prior_outcome": false, "risk_window_end": 3650, "end_anchor": "cohort_start"}}"#,
         drugs[0], drugs[1], conds[0]
     );
+    // The same cohort with the common period (a step across persons, applied in the merge)
+    // and duplicate subjects' first cohort kept.
+    let common = cohort.replacen(
+        "\"model\"",
+        "\"restrict_to_common_period\": true, \"remove_duplicate_subjects\": \"keep_first\", \"model\"",
+        1,
+    );
     let (q, c) = (sccs.replace('\'', "''"), cohort.replace('\'', "''"));
+    let c2 = common.replace('\'', "''");
     let queries = [
         // The --omop tables are in the cluster session, and executors read them.
         (
@@ -473,7 +481,8 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
             "cohort_outcomes",
             format!("SELECT * FROM cohort_outcomes('{c}') ORDER BY row_id"),
         ),
-        // Built in one task on an executor: the local build's tables in its row order.
+        // The cohort tables are distributed queries under a merge (`cohort_parts`), in the
+        // local build's row order (no ORDER BY).
         (
             "cohort_covariates",
             format!("SELECT * FROM cohort_covariates('{c}')"),
@@ -485,6 +494,18 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
         (
             "cohort_attrition",
             format!("SELECT * FROM cohort_attrition('{c}')"),
+        ),
+        (
+            "cohort_outcomes, common period",
+            format!("SELECT * FROM cohort_outcomes('{c2}')"),
+        ),
+        (
+            "cohort_covariate_ref, common period",
+            format!("SELECT * FROM cohort_covariate_ref('{c2}')"),
+        ),
+        (
+            "cohort_attrition, common period",
+            format!("SELECT * FROM cohort_attrition('{c2}')"),
         ),
         (
             "sccs_fit over the builds",

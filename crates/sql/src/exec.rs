@@ -98,6 +98,16 @@ pub enum NodeSpec {
         /// The design JSON as written.
         settings: String,
     },
+    /// The merge of a cohort build run as distributed queries (on a cluster;
+    /// [`crate::study::cohort_parts`]): children the queries of
+    /// `cohort_parts::split_queries` (one to three), each read whole; returns the function's
+    /// table.
+    CohortMerge {
+        /// The SQL function, e.g. `cohort_outcomes`.
+        function: String,
+        /// The design JSON as written.
+        settings: String,
+    },
     /// Work of a crate above this one, run by the runner registered as `kind` in the process
     /// that executes the node ([`crate::remote_task`]): no children.
     Task {
@@ -119,6 +129,7 @@ impl NodeSpec {
             | NodeSpec::Study { function, .. }
             | NodeSpec::SccsPart { function, .. }
             | NodeSpec::SccsMerge { function, .. }
+            | NodeSpec::CohortMerge { function, .. }
             | NodeSpec::Cohort { function, .. } => function,
             NodeSpec::Task { kind, .. } => kind,
             NodeSpec::EmpiricalNull => "empirical_null",
@@ -145,6 +156,7 @@ impl NodeSpec {
             NodeSpec::Cohort { .. } => 1..=3,
             NodeSpec::SccsPart { .. } => 4..=4,
             NodeSpec::SccsMerge { .. } => 3..=4,
+            NodeSpec::CohortMerge { .. } => 1..=3,
         }
     }
 }
@@ -164,6 +176,8 @@ enum Work {
     SccsPart(Arc<crate::study::SccsDesign>, Part),
     /// The merge of an SCCS build partitioned by person.
     SccsMerge(Arc<crate::study::SccsDesign>, Part),
+    /// The merge of a cohort build run as distributed queries.
+    CohortMerge(Arc<crate::study::CohortDesign>, Part),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -340,6 +354,20 @@ impl EpiExec {
                     )
                 }
             }
+            (NodeSpec::CohortMerge { settings, .. }, SqlRole::Study(Design::Cohort, part)) => {
+                let d = crate::study::CohortDesign::from_json(settings)?;
+                d.check()?;
+                let needs = crate::study::cohort_parts::input_count(&d, part);
+                if children.len() != needs {
+                    return Err(plan_datafusion_err!(
+                        "{}: the merge takes {needs} input plans, got {}",
+                        spec.function(),
+                        children.len()
+                    ));
+                }
+                let schema = crate::study::cohort_parts::part_schema(&d, part);
+                (Work::CohortMerge(Arc::new(d), part), schema)
+            }
             _ => {
                 return Err(plan_datafusion_err!(
                     "`{}` is not a function of this node kind",
@@ -431,6 +459,10 @@ impl EpiExec {
                 })
                 .await
             }
+            Work::CohortMerge(d, part) => {
+                let inputs = read_small(&children, &context).await?;
+                run_blocking(move || crate::study::cohort_parts::merge(&d, part, &inputs)).await
+            }
             Work::Task(kind, payload) => {
                 let runner = crate::remote_task::runner(&kind)?;
                 let parts =
@@ -512,7 +544,7 @@ impl DisplayAs for EpiExec {
         write!(f, "EpiExec: {}", self.spec.function())?;
         match self.spec {
             NodeSpec::SccsPart { .. } => write!(f, " (pieces by person)")?,
-            NodeSpec::SccsMerge { .. } => write!(f, " (merge)")?,
+            NodeSpec::SccsMerge { .. } | NodeSpec::CohortMerge { .. } => write!(f, " (merge)")?,
             _ => {}
         }
         if let Some(p) = &self.projection {

@@ -246,6 +246,42 @@ async fn plan_build_queries(
     Ok(inputs)
 }
 
+/// A cohort study table (`cohort_outcomes`, `cohort_covariates`, `cohort_covariate_ref`,
+/// `cohort_attrition`) as distributed queries under a merge ([`crate::study::cohort_parts`]),
+/// planned in `session`; `None` for another study function.
+async fn distributed_cohort(
+    session: &dyn Session,
+    t: &crate::study::functions::StudyTable,
+    schema: SchemaRef,
+) -> DfResult<Option<PlannedEpiTable>> {
+    use crate::study::functions::{Design, STUDY_FUNCTIONS};
+    let Some(&(_, _, part)) = STUDY_FUNCTIONS
+        .iter()
+        .find(|(name, design, _)| *name == t.name && *design == Design::Cohort)
+    else {
+        return Ok(None);
+    };
+    let d = crate::study::CohortDesign::from_json(&t.settings_json)?;
+    d.check()?;
+    let ctx = crate::planning::session_context(session);
+    let sqls = crate::study::cohort_parts::split_queries(&ctx, &d, part)?;
+    let names = crate::study::cohort_parts::query_names(&d, part);
+    let queries: Vec<(&str, &str)> = sqls
+        .iter()
+        .map(String::as_str)
+        .zip(names.iter().copied())
+        .collect();
+    let inputs = plan_build_queries(session, t.name, &queries).await?;
+    Ok(Some(PlannedEpiTable {
+        spec: NodeSpec::CohortMerge {
+            function: t.name.to_string(),
+            settings: t.settings_json.clone(),
+        },
+        inputs,
+        schema,
+    }))
+}
+
 /// Replace every epifusion table-function call in `plan` (subqueries and the calls' own input
 /// queries included) by a [`PlannedEpiTable`] whose inputs are planned, read-only, in
 /// `session`; refuse the calls that cannot leave the session (module documentation).
@@ -272,6 +308,10 @@ async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPl
     for (key, provider) in calls {
         if let Some(t) = provider.downcast_ref::<crate::study::functions::StudyTable>() {
             if let Some(table) = partitioned_sccs(session, t, provider.schema()).await? {
+                planned.insert(key, Arc::new(table));
+                continue;
+            }
+            if let Some(table) = distributed_cohort(session, t, provider.schema()).await? {
                 planned.insert(key, Arc::new(table));
                 continue;
             }

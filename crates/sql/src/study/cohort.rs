@@ -4,8 +4,14 @@
 //! The study population, risk windows, outcomes and competing events are one SQL query
 //! (`sql/study/cohort_population.sql`), whose `dropped_at` column gives the attrition table; the
 //! baseline covariates are a second query (`sql/study/cohort_covariates.sql`) over the kept
-//! entries. The covariate table is the treatment rows (in `row_id` order), then the baseline
-//! rows ordered by (`row_id`, `covariate_id`), whatever order the query returns them in.
+//! entries. Both queries key an entry by (`person_id`, `entry_seq`), the entry's number within
+//! its person, and work person by person (no global numbering, ordering or aggregate), so a
+//! cluster runs them partitioned by person; Rust numbers the entries (`row_id`, in
+//! (`person_id`, `entry_seq`) order, which is (person, start, treatment, end) order) and applies
+//! the one cross-person step, the common period ([`read_entries`]). The covariate table is the
+//! treatment rows (in `row_id` order), then the baseline rows ordered by (`row_id`,
+//! `covariate_id`), whatever order the query returns them in. On a cluster the same queries run
+//! distributed under one merge node ([`super::cohort_parts`]).
 //!
 //! # Settings (JSON keys; CohortMethod defaults)
 //!
@@ -27,7 +33,7 @@
 //! | `strata` | `gender`, `age_group` (5 years), `index_year`: exact-match strata → `stratum_id` | none |
 //! | `covariates` | see [`CovariateSettings`] | FeatureExtraction-like defaults |
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -317,7 +323,6 @@ impl CohortDesign {
                 ("first_only", tf(self.first_exposure_only)),
                 ("duplicates", duplicates.into()),
                 ("washout_days", self.washout_days.to_string()),
-                ("restrict_common", tf(self.restrict_to_common_period)),
                 ("remove_prior", tf(self.remove_subjects_with_prior_outcome)),
                 ("prior_lookback", self.prior_outcome_lookback.to_string()),
                 (
@@ -335,7 +340,11 @@ impl CohortDesign {
     }
 
     /// The covariate SQL over a population table.
-    fn covariates_sql(&self, ctx: &SessionContext, population: &str) -> DfResult<String> {
+    pub(super) fn covariates_sql(
+        &self,
+        ctx: &SessionContext,
+        population: &str,
+    ) -> DfResult<String> {
         let c = &self.covariates;
         let has = |t: &str| ctx.table_exist(t).unwrap_or(false);
         let mut excluded_ids: Vec<i64> = c.excluded_concept_ids.clone();
@@ -428,9 +437,10 @@ pub fn attrition_schema() -> SchemaRef {
 
 /// One entry of the population query.
 #[derive(Debug, Clone)]
-struct Entry {
+pub(super) struct Entry {
     row_id: i64,
     person_id: i64,
+    entry_seq: i64,
     treatment: i64,
     start_day: i64,
     birth_day: Option<i64>,
@@ -439,17 +449,26 @@ struct Entry {
     risk_end: i64,
     status: i64,
     time: i64,
-    dropped_at: i64,
+    pub(super) dropped_at: i64,
 }
 
-/// The population query's entries, in `row_id` order (however the rows arrived).
-fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
+/// The key of an entry in the population and covariate queries: (person_id, entry_seq).
+pub(super) type EntryKey = (i64, i64);
+
+/// The population query's entries in (`person_id`, `entry_seq`) order, however the rows
+/// arrived, numbered `row_id` = 1, 2, … in that order, with the common-period step (5) of `d`
+/// applied (the query leaves it to the caller: it is one range over every person's entries).
+///
+/// Each person's entries must be numbered 1..n exactly once: anything else means the query
+/// lost or repeated a row (a distributed engine's wrong result), and is an error rather than a
+/// quietly wrong cohort.
+pub(super) fn read_entries(d: &CohortDesign, batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
     let mut out = Vec::new();
     for b in batches {
         let c = |n: &str| i64_column(b, n);
-        let (row, person, treatment, start) = (
-            c("row_id")?,
+        let (person, seq, treatment, start) = (
             c("person_id")?,
+            c("entry_seq")?,
             c("treatment")?,
             c("start_day")?,
         );
@@ -468,8 +487,9 @@ fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
                 None => exec_err!("cohort entry of person_id {p}: {what} is NULL"),
             };
             out.push(Entry {
-                row_id: row.value(i),
+                row_id: 0,
                 person_id: p,
+                entry_seq: seq.value(i),
                 treatment: treatment.value(i),
                 start_day: need(&start, "start date")?,
                 birth_day: opt(&birth),
@@ -482,13 +502,53 @@ fn read_entries(batches: &[RecordBatch]) -> DfResult<Vec<Entry>> {
             });
         }
     }
-    // The query's `ORDER BY row_id`, kept whatever a distributed plan did to the order.
-    out.sort_by_key(|e| e.row_id);
+    out.sort_unstable_by_key(|e| (e.person_id, e.entry_seq));
+    for (i, e) in out.iter_mut().enumerate() {
+        e.row_id = i as i64 + 1;
+    }
+    for (i, e) in out.iter().enumerate() {
+        let expected = match i.checked_sub(1).map(|j| &out[j]) {
+            Some(prev) if prev.person_id == e.person_id => prev.entry_seq + 1,
+            _ => 1,
+        };
+        if e.entry_seq != expected {
+            return exec_err!(
+                "cohort population: person_id {}'s entries are not numbered 1, 2, … once each \
+                 (entry {} where {expected} was due): the population query lost or repeated a row",
+                e.person_id,
+                e.entry_seq
+            );
+        }
+    }
+    if d.restrict_to_common_period {
+        // CohortMethod's common period: from the later of the two cohorts' first starts to the
+        // earlier of their last starts, over the entries that pass steps 2–4 (empty when either
+        // cohort has none: every entry is then dropped here).
+        let passed = |e: &&Entry| matches!(e.dropped_at, 0 | 6 | 7);
+        let starts = |t: i64| {
+            out.iter()
+                .filter(passed)
+                .filter(move |e| e.treatment == t)
+                .map(|e| e.start_day)
+        };
+        let range = match (
+            starts(1).min().zip(starts(0).min()),
+            starts(1).max().zip(starts(0).max()),
+        ) {
+            (Some((a, b)), Some((c, d))) => Some((a.max(b), c.min(d))),
+            _ => None,
+        };
+        for e in out.iter_mut().filter(|e| matches!(e.dropped_at, 0 | 6 | 7)) {
+            if !range.is_some_and(|(lo, hi)| (lo..=hi).contains(&e.start_day)) {
+                e.dropped_at = 5;
+            }
+        }
+    }
     Ok(out)
 }
 
 /// The attrition table of the population query's entries.
-fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
+pub(super) fn attrition(d: &CohortDesign, entries: &[Entry]) -> DfResult<RecordBatch> {
     let steps: [(i64, String, bool); 7] = [
         (
             1,
@@ -572,7 +632,7 @@ fn year_of(day: i64) -> i64 {
 /// Build the cohort tables of a design from the OMOP tables registered in `ctx`.
 pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<StudyTables> {
     d.check()?;
-    let entries = read_entries(&query(ctx, &d.population_sql()?).await?)?;
+    let entries = read_entries(d, &query(ctx, &d.population_sql()?).await?)?;
     let attrition = attrition(d, &entries)?;
     let kept: Vec<&Entry> = entries.iter().filter(|e| e.dropped_at == 0).collect();
     let outcomes = outcome_batch(d, &kept)?;
@@ -586,7 +646,7 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
     )?;
     let baseline = query(ctx, &d.covariates_sql(ctx, &temp.name)?).await?;
     drop(temp);
-    let (baseline, refs) = baseline_covariates(&baseline)?;
+    let (baseline, refs) = baseline_covariates(&baseline, &row_ids(&kept))?;
     let names = concept_names(ctx, &refs).await?;
     Ok(StudyTables {
         outcomes: vec![outcomes],
@@ -598,7 +658,7 @@ pub async fn build_cohort(ctx: &SessionContext, d: &CohortDesign) -> DfResult<St
 
 /// The outcome table of the kept entries (in `row_id` order), with strata when asked for:
 /// exact matches on the chosen variables, numbered in sorted order.
-fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
+pub(super) fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
     let stratified = !d.strata.is_empty();
     let key = |e: &Entry| -> Vec<Option<i64>> {
         d.strata
@@ -658,9 +718,9 @@ fn outcome_batch(d: &CohortDesign, kept: &[&Entry]) -> DfResult<RecordBatch> {
 }
 
 /// The columns of the kept population that the covariate query reads.
-const POPULATION_COLUMNS: [&str; 5] = [
-    "row_id",
+pub(super) const POPULATION_COLUMNS: [&str; 5] = [
     "person_id",
+    "entry_seq",
     "start_day",
     "birth_day",
     "gender_concept_id",
@@ -682,9 +742,11 @@ fn population_batch(kept: &[&Entry]) -> DfResult<RecordBatch> {
     Ok(RecordBatch::try_new(
         population_schema(),
         vec![
-            Arc::new(Int64Array::from_iter_values(kept.iter().map(|e| e.row_id))),
             Arc::new(Int64Array::from_iter_values(
                 kept.iter().map(|e| e.person_id),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                kept.iter().map(|e| e.entry_seq),
             )),
             Arc::new(Int64Array::from_iter_values(
                 kept.iter().map(|e| e.start_day),
@@ -696,7 +758,7 @@ fn population_batch(kept: &[&Entry]) -> DfResult<RecordBatch> {
 }
 
 /// The treatment covariate (1 for each kept target entry, in `row_id` order).
-fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
+pub(super) fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
     let treated: Vec<i64> = kept
         .iter()
         .filter(|e| e.treatment == 1)
@@ -713,31 +775,52 @@ fn treatment_covariates(kept: &[&Entry]) -> DfResult<RecordBatch> {
     )?)
 }
 
-/// What the baseline covariate query found: its rows as covariates (value 1), in
+/// What the baseline covariate query found for the entries of `row_ids` (entry key →
+/// `row_id`; rows of other entries are skipped): its rows as covariates (value 1), in
 /// (`row_id`, `covariate_id`) order whatever order they arrived in, and each covariate's
 /// analysis and concept.
-fn baseline_covariates(baseline: &[RecordBatch]) -> DfResult<(RecordBatch, CovariateOrigins)> {
+///
+/// The query gives each (entry, covariate) once (each analysis has its own id suffix and its
+/// block is DISTINCT): a repeated row is a distributed engine's wrong result and an error.
+pub(super) fn baseline_covariates(
+    baseline: &[RecordBatch],
+    row_ids: &HashMap<EntryKey, i64>,
+) -> DfResult<(RecordBatch, CovariateOrigins)> {
     let mut refs = CovariateOrigins::new();
     let mut pairs: Vec<(i64, i64)> = Vec::new();
     for b in baseline {
-        let (row, cov, analysis, concept) = (
-            i64_column(b, "row_id")?,
+        let (person, seq, cov, analysis, concept) = (
+            i64_column(b, "person_id")?,
+            i64_column(b, "entry_seq")?,
             i64_column(b, "covariate_id")?,
             i64_column(b, "analysis_id")?,
             i64_column(b, "concept_id")?,
         );
         for i in 0..b.num_rows() {
-            if row.is_null(i) || cov.is_null(i) {
-                return exec_err!("cohort covariates: a row with a NULL row_id or covariate_id");
+            if person.is_null(i) || seq.is_null(i) || cov.is_null(i) {
+                return exec_err!(
+                    "cohort covariates: a row with a NULL person_id, entry_seq or covariate_id"
+                );
             }
+            let Some(&row) = row_ids.get(&(person.value(i), seq.value(i))) else {
+                continue;
+            };
             refs.entry(cov.value(i)).or_insert((
                 analysis.value(i),
                 (!concept.is_null(i)).then(|| concept.value(i)),
             ));
-            pairs.push((row.value(i), cov.value(i)));
+            pairs.push((row, cov.value(i)));
         }
     }
     pairs.sort_unstable();
+    if let Some(w) = pairs.windows(2).find(|w| w[0] == w[1]) {
+        return exec_err!(
+            "cohort covariates: covariate {} of row_id {} came back twice: the covariate query \
+             repeated a row",
+            w[0].1,
+            w[0].0
+        );
+    }
     let batch = RecordBatch::try_new(
         covariate_schema(),
         vec![
@@ -749,12 +832,19 @@ fn baseline_covariates(baseline: &[RecordBatch]) -> DfResult<(RecordBatch, Covar
     Ok((batch, refs))
 }
 
+/// The `row_id` of each kept entry, by entry key.
+pub(super) fn row_ids(kept: &[&Entry]) -> HashMap<EntryKey, i64> {
+    kept.iter()
+        .map(|e| ((e.person_id, e.entry_seq), e.row_id))
+        .collect()
+}
+
 /// Each baseline covariate's (analysis id, concept id), by covariate id.
-type CovariateOrigins = BTreeMap<i64, (i64, Option<i64>)>;
+pub(super) type CovariateOrigins = BTreeMap<i64, (i64, Option<i64>)>;
 
 /// The covariate reference: the treatment, then every baseline covariate in id order, named
 /// from `names` (concept id → concept name).
-fn covariate_ref_table(
+pub(super) fn covariate_ref_table(
     refs: CovariateOrigins,
     names: &BTreeMap<i64, String>,
 ) -> DfResult<RecordBatch> {
@@ -797,7 +887,7 @@ fn covariate_ref_table(
 }
 
 /// Concept names of the covariates' concepts (empty when the store has no `concept` table).
-async fn concept_names(
+pub(super) async fn concept_names(
     ctx: &SessionContext,
     refs: &BTreeMap<i64, (i64, Option<i64>)>,
 ) -> DfResult<BTreeMap<i64, String>> {
@@ -861,5 +951,140 @@ mod tests {
         assert!(ok.remove_subjects_with_prior_outcome);
         assert_eq!(ok.min_days_at_risk, 1);
         assert!(ok.population_sql().unwrap().contains("drug_era"));
+    }
+
+    /// A population-query result of (person_id, entry_seq, treatment, start_day, dropped_at)
+    /// rows (the other columns constant).
+    type Row = (i64, i64, i64, i64, i64);
+
+    fn population(rows: &[Row]) -> RecordBatch {
+        let col = |f: &dyn Fn(&Row) -> i64| -> ArrayRef {
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(f)))
+        };
+        RecordBatch::try_from_iter([
+            ("person_id", col(&|r| r.0)),
+            ("entry_seq", col(&|r| r.1)),
+            ("treatment", col(&|r| r.2)),
+            ("start_day", col(&|r| r.3)),
+            ("birth_day", col(&|_| 0)),
+            ("gender_concept_id", col(&|_| 8507)),
+            ("risk_start", col(&|r| r.3)),
+            ("risk_end", col(&|r| r.3 + 10)),
+            ("status", col(&|_| 0)),
+            ("days_at_risk_or_event", col(&|_| 11)),
+            ("dropped_at", col(&|r| r.4)),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn entries_are_numbered_by_person_and_the_common_period_applied() {
+        let base = r#""target": {"concept_ids": [1]}, "comparator": {"concept_ids": [2]}, "outcome": {"concept_ids": [3]}"#;
+        let d = |common: bool| {
+            CohortDesign::from_json(&format!(
+                "{{{base}, \"restrict_to_common_period\": {common}}}"
+            ))
+            .unwrap()
+        };
+        // Rows arrive out of order. Steps 2–4 pass for: targets starting 100 and 300,
+        // comparators 50, 200, 150 and 400 (the last two dropped later, at steps 6 and 7): the
+        // common period is [max(100, 50), min(300, 400)] = [100, 300]. The target of person 5
+        // (start 10) was dropped at step 4 and does not widen it.
+        let batch = population(&[
+            (3, 1, 1, 300, 0),
+            (1, 2, 0, 400, 7),
+            (1, 1, 1, 100, 0),
+            (2, 1, 0, 50, 0),
+            (4, 1, 0, 200, 0),
+            (5, 1, 1, 10, 4),
+            (6, 1, 0, 150, 6),
+        ]);
+        let got = |common: bool| {
+            read_entries(&d(common), std::slice::from_ref(&batch))
+                .unwrap()
+                .iter()
+                .map(|e| (e.row_id, e.person_id, e.entry_seq, e.dropped_at))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            got(false),
+            [
+                (1, 1, 1, 0),
+                (2, 1, 2, 7),
+                (3, 2, 1, 0),
+                (4, 3, 1, 0),
+                (5, 4, 1, 0),
+                (6, 5, 1, 4),
+                (7, 6, 1, 6)
+            ]
+        );
+        assert_eq!(
+            got(true),
+            [
+                (1, 1, 1, 0),
+                (2, 1, 2, 5),
+                (3, 2, 1, 5),
+                (4, 3, 1, 0),
+                (5, 4, 1, 0),
+                (6, 5, 1, 4),
+                (7, 6, 1, 6)
+            ]
+        );
+        // No comparator passes steps 2–4: no common period, every such entry is dropped at 5.
+        let lone = population(&[(1, 1, 1, 100, 0), (2, 1, 0, 50, 3)]);
+        let e = read_entries(&d(true), &[lone]).unwrap();
+        assert_eq!(e.iter().map(|e| e.dropped_at).collect::<Vec<_>>(), [5, 3]);
+        // A lost or repeated entry is an error naming the person.
+        for rows in [
+            vec![(1, 1, 1, 100, 0), (1, 1, 0, 50, 0)],
+            vec![(1, 2, 1, 100, 0)],
+            vec![(1, 1, 1, 100, 0), (1, 3, 0, 50, 0)],
+        ] {
+            let e = read_entries(&d(false), &[population(&rows)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("person_id 1") && e.contains("lost or repeated"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeated_covariate_row_is_an_error() {
+        let rows = |seq: &[i64]| {
+            RecordBatch::try_from_iter([
+                (
+                    "person_id",
+                    Arc::new(Int64Array::from(vec![7; seq.len()])) as ArrayRef,
+                ),
+                ("entry_seq", Arc::new(Int64Array::from(seq.to_vec()))),
+                (
+                    "covariate_id",
+                    Arc::new(Int64Array::from(vec![8507001; seq.len()])),
+                ),
+                (
+                    "analysis_id",
+                    Arc::new(Int64Array::from(vec![1; seq.len()])),
+                ),
+                (
+                    "concept_id",
+                    Arc::new(Int64Array::from(vec![8507; seq.len()])),
+                ),
+            ])
+            .unwrap()
+        };
+        let ids: HashMap<EntryKey, i64> = [((7, 1), 4), ((7, 2), 5)].into();
+        // Rows of entries that are not kept (seq 3) are skipped.
+        let (b, refs) = baseline_covariates(&[rows(&[2, 3, 1])], &ids).unwrap();
+        assert_eq!(i64_column(&b, "row_id").unwrap().values(), &[4, 5]);
+        assert_eq!(refs.len(), 1);
+        let e = baseline_covariates(&[rows(&[1]), rows(&[2, 1])], &ids)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("covariate 8507001 of row_id 4 came back twice"),
+            "{e}"
+        );
     }
 }

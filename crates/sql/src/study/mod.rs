@@ -21,6 +21,7 @@
 //! end_date`), plus the CDM `domain` to read concept ids from.
 
 pub mod cohort;
+pub mod cohort_parts;
 pub mod diagnostics;
 pub mod eras;
 pub mod functions;
