@@ -800,33 +800,12 @@ async fn partitioned_sccs_builds_match_the_local_build() {
                     );
                 }
                 let split: Vec<RecordBatch> = df.collect().await.unwrap();
-                let local =
-                    datafusion::arrow::compute::concat_batches(&local[0].schema(), &local).unwrap();
-                let split =
-                    datafusion::arrow::compute::concat_batches(&local.schema(), &split).unwrap();
-                assert!(
-                    local.num_rows() > 0,
-                    "design {k}, {function}: the local build is empty"
+                assert_same_batches(
+                    &local,
+                    &split,
+                    1,
+                    &format!("design {k}, {function}, {partitions} partitions"),
                 );
-                assert_eq!(
-                    (local.num_rows(), local.schema()),
-                    (split.num_rows(), split.schema()),
-                    "design {k}, {function}, {partitions} partitions: rows"
-                );
-                for (c, (a, b)) in local.columns().iter().zip(split.columns()).enumerate() {
-                    if a != b {
-                        let first = (0..a.len())
-                            .find(|&i| a.slice(i, 1) != b.slice(i, 1))
-                            .unwrap_or(0);
-                        panic!(
-                            "design {k}, {function}, {partitions} partitions: column {} differs \
-                             first at row {first}: local {:?}, partitioned {:?}",
-                            local.schema().field(c).name(),
-                            a.slice(first, 3),
-                            b.slice(first, 3)
-                        );
-                    }
-                }
             }
         }
     }
@@ -922,34 +901,157 @@ async fn distributed_cohort_builds_match_the_local_build() {
                     );
                 }
                 let split: Vec<RecordBatch> = df.collect().await.unwrap();
-                let local =
-                    datafusion::arrow::compute::concat_batches(&local[0].schema(), &local).unwrap();
-                let split =
-                    datafusion::arrow::compute::concat_batches(&local.schema(), &split).unwrap();
-                assert!(
-                    local.num_rows() > 1,
-                    "design {k}, {function}: the local build is (nearly) empty"
+                assert_same_batches(
+                    &local,
+                    &split,
+                    2,
+                    &format!("design {k}, {function}, {partitions} partitions"),
                 );
-                assert_eq!(
-                    (local.num_rows(), local.schema()),
-                    (split.num_rows(), split.schema()),
-                    "design {k}, {function}, {partitions} partitions: rows"
-                );
-                for (c, (a, b)) in local.columns().iter().zip(split.columns()).enumerate() {
-                    if a != b {
-                        let first = (0..a.len())
-                            .find(|&i| a.slice(i, 1) != b.slice(i, 1))
-                            .unwrap_or(0);
-                        panic!(
-                            "design {k}, {function}, {partitions} partitions: column {} differs \
-                             first at row {first}: local {:?}, distributed {:?}",
-                            local.schema().field(c).name(),
-                            a.slice(first, 3),
-                            b.slice(first, 3)
-                        );
-                    }
-                }
             }
+        }
+    }
+}
+
+/// `sccs_diagnostics` and `sccs_time_to_event` on a cluster are distributed queries under one
+/// merge node: the same plan, run here with 1 and 4 partitions, gives the local tables bit for
+/// bit (fit, spline-adjusted time stability, probe, pre-exposure windows, prevalence and
+/// negative controls), and a design with no eras gives the local error.
+#[tokio::test]
+async fn distributed_sccs_diagnostics_match_the_local_run() {
+    use epifusion::engine::remote::prepare_for_cluster;
+    let store = repo("data/gibleed");
+    let designs = [
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "exposures": [{"concept_ids": [1118084], "label": "celecoxib",
+              "risk_windows": [{}, {"start": -30, "end": -1, "end_anchor": "era_start"}]},
+              {"concept_ids": [1124300], "stratify_by_id": true}],
+            "end_of_observation_probe": 30, "season_spline": {"knots": 4},
+            "first_outcome_only": true,
+            "negative_controls": "SELECT * FROM (VALUES (0.1, 0.2), (-0.05, 0.15), (0.3, 0.4), (0.02, 0.1), (-0.2, 0.25), (0.15, 0.3)) AS t(log_rr, se_log_rr)"}"#,
+        r#"{"outcome": {"concept_ids": [192671], "include_descendants": true},
+            "exposures": [{"concept_ids": [1118084]}, {"concept_ids": [1124300], "first_occurrence_only": true}],
+            "restrict_time_to_exposure": 1, "age_group_starts": [7300, 14600],
+            "diagnostics": {"mdrr": 5}}"#,
+    ];
+    for partitions in [1, 4] {
+        let ctx = new_session(&SessionOptions {
+            omop: Some(store.clone()),
+            batch_size: None,
+        })
+        .await
+        .unwrap();
+        ctx.sql(&format!(
+            "SET datafusion.execution.target_partitions = {partitions}"
+        ))
+        .await
+        .unwrap();
+        for (k, json) in designs.iter().enumerate() {
+            let q = json.replace('\'', "''");
+            for function in ["sccs_diagnostics", "sccs_time_to_event"] {
+                let sql = format!("SELECT * FROM {function}('{q}')");
+                let local: Vec<RecordBatch> = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+                let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
+                let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
+                let df = ctx.execute_logical_plan(prepared).await.unwrap();
+                let physical = df.clone().create_physical_plan().await.unwrap();
+                let text = datafusion::physical_plan::displayable(physical.as_ref())
+                    .indent(false)
+                    .to_string();
+                assert!(
+                    text.contains(&format!("EpiExec: {function} (merge)")),
+                    "design {k}, {function}: not a distributed build:\n{text}"
+                );
+                if partitions > 1 {
+                    assert!(
+                        text.contains("RepartitionExec: partitioning=Hash("),
+                        "design {k}, {function}: the queries are not distributed:\n{text}"
+                    );
+                }
+                let split: Vec<RecordBatch> = df.collect().await.unwrap();
+                assert_same_batches(
+                    &local,
+                    &split,
+                    4,
+                    &format!("design {k}, {function}, {partitions} partitions"),
+                );
+            }
+            // The first design's negative controls and probe are computed (its pre-exposure
+            // window has no outcome in GiBleed: no interval, `not_computed`).
+            if k == 0 {
+                let b = ctx
+                    .sql(&format!(
+                        "SELECT diagnostic FROM sccs_diagnostics('{q}') WHERE status = 'not_computed' \
+                         AND diagnostic IN ('ease', 'event_observation')"
+                    ))
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+                assert_eq!(strings(&b, "diagnostic"), Vec::<String>::new());
+            }
+        }
+    }
+    // A restricting exposure without eras: the local error, from the distributed plan.
+    let ctx = new_session(&SessionOptions {
+        omop: Some(store.clone()),
+        batch_size: None,
+    })
+    .await
+    .unwrap();
+    let json = r#"{"outcome": {"concept_ids": [192671]}, "exposures": [{"concept_ids": [1118084]},
+                   {"concept_ids": [999999999]}], "restrict_time_to_exposure": 1}"#;
+    let sql = format!("SELECT * FROM sccs_diagnostics('{json}')");
+    let local = ctx.sql(&sql).await.unwrap().collect().await.unwrap_err();
+    let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
+    let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
+    let split = ctx
+        .execute_logical_plan(prepared)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    for e in [local.to_string(), split.to_string()] {
+        assert!(
+            e.contains("restrict_time_to_exposure: exposures[1] has no eras in the store"),
+            "{e}"
+        );
+    }
+}
+
+/// `split` holds the rows of `local` bit for bit, in the same order (at least `min_rows` of
+/// them): the check of the cluster-shaped builds against the local ones. The message names the
+/// first differing row of the first differing column.
+fn assert_same_batches(local: &[RecordBatch], split: &[RecordBatch], min_rows: usize, what: &str) {
+    use datafusion::arrow::compute::concat_batches;
+    assert!(
+        !local.is_empty(),
+        "{what}: the local build returned no batches"
+    );
+    let local = concat_batches(&local[0].schema(), local).unwrap();
+    let split = concat_batches(&local.schema(), split).unwrap();
+    assert!(
+        local.num_rows() >= min_rows,
+        "{what}: the local build has {} rows",
+        local.num_rows()
+    );
+    assert_eq!(
+        (local.num_rows(), local.schema()),
+        (split.num_rows(), split.schema()),
+        "{what}: rows"
+    );
+    for (c, (a, b)) in local.columns().iter().zip(split.columns()).enumerate() {
+        if a != b {
+            let first = (0..a.len())
+                .find(|&i| a.slice(i, 1) != b.slice(i, 1))
+                .unwrap_or(0);
+            panic!(
+                "{what}: column {} differs first at row {first}: local {:?}, split {:?}",
+                local.schema().field(c).name(),
+                a.slice(first, 3),
+                b.slice(first, 3)
+            );
         }
     }
 }

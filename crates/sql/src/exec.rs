@@ -108,6 +108,15 @@ pub enum NodeSpec {
         /// The design JSON as written.
         settings: String,
     },
+    /// `sccs_diagnostics` / `sccs_time_to_event` on a cluster: children the queries of
+    /// [`DiagnosticsWork::input_queries`](crate::study::diagnostics::DiagnosticsWork::input_queries)
+    /// (four to six), each read whole; returns the function's table.
+    DiagnosticsMerge {
+        /// The SQL function, e.g. `sccs_diagnostics`.
+        function: String,
+        /// The settings JSON as written.
+        settings: String,
+    },
     /// Work of a crate above this one, run by the runner registered as `kind` in the process
     /// that executes the node ([`crate::remote_task`]): no children.
     Task {
@@ -130,6 +139,7 @@ impl NodeSpec {
             | NodeSpec::SccsPart { function, .. }
             | NodeSpec::SccsMerge { function, .. }
             | NodeSpec::CohortMerge { function, .. }
+            | NodeSpec::DiagnosticsMerge { function, .. }
             | NodeSpec::Cohort { function, .. } => function,
             NodeSpec::Task { kind, .. } => kind,
             NodeSpec::EmpiricalNull => "empirical_null",
@@ -157,6 +167,7 @@ impl NodeSpec {
             NodeSpec::SccsPart { .. } => 4..=4,
             NodeSpec::SccsMerge { .. } => 3..=4,
             NodeSpec::CohortMerge { .. } => 1..=3,
+            NodeSpec::DiagnosticsMerge { .. } => 4..=6,
         }
     }
 }
@@ -178,6 +189,8 @@ enum Work {
     SccsMerge(Arc<crate::study::SccsDesign>, Part),
     /// The merge of a cohort build run as distributed queries.
     CohortMerge(Arc<crate::study::CohortDesign>, Part),
+    /// SCCS diagnostics from distributed queries.
+    DiagnosticsMerge(crate::study::diagnostics::DiagnosticsWork),
 }
 
 /// An epifusion plan node (see the module documentation).
@@ -354,6 +367,19 @@ impl EpiExec {
                     )
                 }
             }
+            (NodeSpec::DiagnosticsMerge { function, settings }, SqlRole::SccsDiagnostics(part)) => {
+                let work =
+                    crate::study::diagnostics::DiagnosticsWork::parse(function, part, settings)?;
+                let needs = work.input_queries()?.len();
+                if children.len() != needs {
+                    return Err(plan_datafusion_err!(
+                        "{function}: the merge takes {needs} input plans, got {}",
+                        children.len()
+                    ));
+                }
+                let schema = work.schema();
+                (Work::DiagnosticsMerge(work), schema)
+            }
             (NodeSpec::CohortMerge { settings, .. }, SqlRole::Study(Design::Cohort, part)) => {
                 let d = crate::study::CohortDesign::from_json(settings)?;
                 d.check()?;
@@ -459,6 +485,10 @@ impl EpiExec {
                 })
                 .await
             }
+            Work::DiagnosticsMerge(w) => {
+                let inputs = read_small(&children, &context).await?;
+                w.run_gathered(inputs).await
+            }
             Work::CohortMerge(d, part) => {
                 let inputs = read_small(&children, &context).await?;
                 run_blocking(move || crate::study::cohort_parts::merge(&d, part, &inputs)).await
@@ -544,7 +574,9 @@ impl DisplayAs for EpiExec {
         write!(f, "EpiExec: {}", self.spec.function())?;
         match self.spec {
             NodeSpec::SccsPart { .. } => write!(f, " (pieces by person)")?,
-            NodeSpec::SccsMerge { .. } | NodeSpec::CohortMerge { .. } => write!(f, " (merge)")?,
+            NodeSpec::SccsMerge { .. }
+            | NodeSpec::CohortMerge { .. }
+            | NodeSpec::DiagnosticsMerge { .. } => write!(f, " (merge)")?,
             _ => {}
         }
         if let Some(p) = &self.projection {

@@ -174,11 +174,8 @@ async fn partitioned_sccs(
     t: &crate::study::functions::StudyTable,
     schema: SchemaRef,
 ) -> DfResult<Option<PlannedEpiTable>> {
-    use crate::study::functions::{Design, Part, STUDY_FUNCTIONS};
-    let Some(&(_, _, part)) = STUDY_FUNCTIONS
-        .iter()
-        .find(|(name, design, _)| *name == t.name && *design == Design::Sccs)
-    else {
+    use crate::study::functions::{Design, Part};
+    let Some(part) = study_part(t.name, Design::Sccs) else {
         return Ok(None);
     };
     let d = crate::study::SccsDesign::from_json(&t.settings_json)?;
@@ -195,6 +192,48 @@ async fn partitioned_sccs(
     let inputs = plan_build_queries(session, t.name, &queries).await?;
     Ok(Some(PlannedEpiTable {
         spec: NodeSpec::SccsMerge {
+            function: t.name.to_string(),
+            settings: t.settings_json.clone(),
+        },
+        inputs,
+        schema,
+    }))
+}
+
+/// The part of a `design` study function named `name` (`sccs_intervals` → intervals, …);
+/// `None` when `name` is not one of that design's functions.
+fn study_part(
+    name: &str,
+    design: crate::study::functions::Design,
+) -> Option<crate::study::functions::Part> {
+    crate::study::functions::STUDY_FUNCTIONS
+        .iter()
+        .find(|(n, d, _)| *n == name && *d == design)
+        .map(|&(_, _, part)| part)
+}
+
+/// `sccs_diagnostics` / `sccs_time_to_event` as distributed queries under a merge
+/// ([`crate::study::diagnostics::DiagnosticsWork::input_queries`]), planned in `session`;
+/// `None` for another study function.
+async fn distributed_diagnostics(
+    session: &dyn Session,
+    t: &crate::study::functions::StudyTable,
+    schema: SchemaRef,
+) -> DfResult<Option<PlannedEpiTable>> {
+    let part = match crate::registry::sql_functions()
+        .into_iter()
+        .find(|f| f.name == t.name)
+        .map(|f| f.role)
+    {
+        Some(crate::registry::SqlRole::SccsDiagnostics(part)) => part,
+        _ => return Ok(None),
+    };
+    let work = crate::study::diagnostics::DiagnosticsWork::parse(t.name, part, &t.settings_json)?;
+    let sqls = work.input_queries()?;
+    let queries: Vec<(&str, &str)> = sqls.iter().map(|(q, n)| (q.as_str(), *n)).collect();
+    let inputs = plan_build_queries(session, t.name, &queries).await?;
+    Ok(Some(PlannedEpiTable {
+        spec: NodeSpec::DiagnosticsMerge {
             function: t.name.to_string(),
             settings: t.settings_json.clone(),
         },
@@ -254,11 +293,8 @@ async fn distributed_cohort(
     t: &crate::study::functions::StudyTable,
     schema: SchemaRef,
 ) -> DfResult<Option<PlannedEpiTable>> {
-    use crate::study::functions::{Design, STUDY_FUNCTIONS};
-    let Some(&(_, _, part)) = STUDY_FUNCTIONS
-        .iter()
-        .find(|(name, design, _)| *name == t.name && *design == Design::Cohort)
-    else {
+    use crate::study::functions::Design;
+    let Some(part) = study_part(t.name, Design::Cohort) else {
         return Ok(None);
     };
     let d = crate::study::CohortDesign::from_json(&t.settings_json)?;
@@ -312,6 +348,10 @@ async fn prepare(session: &dyn Session, plan: LogicalPlan) -> DfResult<LogicalPl
                 continue;
             }
             if let Some(table) = distributed_cohort(session, t, provider.schema()).await? {
+                planned.insert(key, Arc::new(table));
+                continue;
+            }
+            if let Some(table) = distributed_diagnostics(session, t, provider.schema()).await? {
                 planned.insert(key, Arc::new(table));
                 continue;
             }

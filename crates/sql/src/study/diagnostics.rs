@@ -44,6 +44,11 @@
 //! `outcomes_exposed` / `outcomes_unexposed` (outcomes whose day − first exposure start falls
 //! in [7·week, 7·week + 7), exposed when inside one of the case's eras); weeks nobody is
 //! observed in are left out.
+//!
+//! On a cluster both run as distributed queries under one merge node
+//! ([`DiagnosticsWork::input_queries`], [`DiagnosticsWork::run_gathered`]): the partitioned SCCS
+//! build's four queries (cases rebuilt by [`super::sccs_parts::gathered`]), the prevalence query
+//! and the negative controls; the merge computes the local run's table from their results.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -223,6 +228,62 @@ impl DiagnosticsWork {
             DiagnosticsPart::TimeToEvent => time_to_event(&ctx, &self.settings.design).await,
         }
     }
+
+    /// The queries the table is computed from on a cluster, (SQL, name) in input order: the
+    /// four of a partitioned SCCS build ([`super::sccs_parts::split_queries`]: `cases`,
+    /// `outcomes`, `concepts`, `rows`), then for `sccs_diagnostics` the outcome's prevalence
+    /// and, when the settings name them, the negative controls. Each runs as a distributed
+    /// plan; [`Self::run_gathered`] computes the table from their whole results.
+    pub fn input_queries(&self) -> DfResult<Vec<(String, &'static str)>> {
+        let d = &self.settings.design;
+        let names = ["cases", "outcomes", "concepts", "rows"];
+        let mut out: Vec<(String, &'static str)> = super::sccs_parts::split_queries(d)?
+            .into_iter()
+            .zip(names)
+            .collect();
+        if self.part == DiagnosticsPart::Diagnostics {
+            out.push((prevalence_sql(d), "prevalence"));
+            if let Some(arg) = &self.settings.negative_controls {
+                out.push((table_sql(arg), "negative_controls"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The table from the whole results of [`Self::input_queries`] (same order): the local
+    /// run's, bit for bit.
+    pub async fn run_gathered(self, inputs: Vec<Vec<RecordBatch>>) -> DfResult<RecordBatch> {
+        let expected = self.input_queries()?.len();
+        if inputs.len() != expected {
+            return exec_err!(
+                "sccs diagnostics: {expected} query results expected, got {}",
+                inputs.len()
+            );
+        }
+        let s = self.settings.clone();
+        let part = self.part;
+        let ease_value = match inputs.get(5) {
+            Some(nc) => Some(negative_control_ease(nc)?),
+            None => None,
+        };
+        let prevalence = match (part, inputs.get(4)) {
+            (DiagnosticsPart::Diagnostics, Some(p)) => Some(prevalence_of(p)?),
+            _ => None,
+        };
+        let mut inputs = inputs;
+        inputs.truncate(4);
+        let d = s.design.clone();
+        let cases = datafusion::common::runtime::SpawnedTask::spawn_blocking(move || {
+            super::sccs_parts::gathered(&d, &inputs[0], &inputs[1], &inputs[2], &inputs[3])
+        })
+        .join()
+        .await
+        .map_err(|e| exec_datafusion_err!("sccs diagnostics: the case task failed: {e}"))??;
+        match prevalence {
+            Some(p) => diagnose(&s, Arc::new(cases), p, ease_value).await,
+            None => time_to_event_table(&s.design, &cases),
+        }
+    }
 }
 
 fn exposure_label(d: &SccsDesign, x: usize) -> String {
@@ -287,20 +348,30 @@ fn fit_cases(cases: &SccsCases) -> epifusion_core::Result<(Option<FitResult>, Co
     Ok((Some(fit(&design, &opts)?), stats))
 }
 
-/// The proportion of persons with an observation period who have the outcome in one.
-async fn prevalence(ctx: &SessionContext, d: &SccsDesign) -> DfResult<f64> {
+/// The query of [`prevalence_of`]: persons with the outcome inside an observation period, and
+/// persons with an observation period (one row; two aggregates joined, no scalar subquery, so
+/// that the plan can travel to a cluster's executors).
+fn prevalence_sql(d: &SccsDesign) -> String {
     let outcomes = d.outcome.sql(Domain::ConditionOccurrence);
-    let sql = format!(
-        "SELECT CAST((SELECT count(DISTINCT o.person_id) FROM ({outcomes}) AS o \
+    format!(
+        "SELECT CAST(w.n AS DOUBLE) AS with_outcome, CAST(a.n AS DOUBLE) AS persons FROM \
+         (SELECT count(DISTINCT o.person_id) AS n FROM ({outcomes}) AS o \
            JOIN observation_period op ON op.person_id = o.person_id \
            AND o.start_day BETWEEN CAST(op.observation_period_start_date AS INT) \
-           AND CAST(op.observation_period_end_date AS INT)) AS DOUBLE) AS with_outcome, \
-         CAST((SELECT count(DISTINCT op.person_id) FROM observation_period op \
-           JOIN person p ON p.person_id = op.person_id) AS DOUBLE) AS persons"
-    );
-    let b = query(ctx, &sql).await?;
+           AND CAST(op.observation_period_end_date AS INT)) AS w \
+         CROSS JOIN (SELECT count(DISTINCT op.person_id) AS n FROM observation_period op \
+           JOIN person p ON p.person_id = op.person_id) AS a"
+    )
+}
+
+/// The proportion of persons with an observation period who have the outcome in one, from the
+/// result of [`prevalence_sql`] (NaN when there is nobody).
+fn prevalence_of(b: &[RecordBatch]) -> DfResult<f64> {
+    let Some(b) = b.iter().find(|b| b.num_rows() > 0) else {
+        return exec_err!("prevalence: the query returned no row");
+    };
     let col = |name: &str| -> DfResult<f64> {
-        let a = b[0]
+        let a = b
             .column_by_name(name)
             .ok_or_else(|| exec_datafusion_err!("prevalence: no column {name}"))?;
         let a = cast(a, &DataType::Float64)?;
@@ -318,11 +389,10 @@ async fn prevalence(ctx: &SessionContext, d: &SccsDesign) -> DfResult<f64> {
     })
 }
 
-/// EASE of the negative controls (None: none given).
-async fn negative_control_ease(ctx: &SessionContext, arg: &str) -> DfResult<f64> {
-    let batches = query(ctx, &table_sql(arg)).await?;
+/// EASE of the negative-control estimates in `batches` (`log_rr`, `se_log_rr`).
+fn negative_control_ease(batches: &[RecordBatch]) -> DfResult<f64> {
     let (mut lr, mut se) = (Vec::new(), Vec::new());
-    for b in &batches {
+    for b in batches {
         let get = |name: &str| -> DfResult<ArrayRef> {
             let a = b.column_by_name(name).ok_or_else(|| {
                 exec_datafusion_err!("negative_controls: no column `{name}` (log_rr, se_log_rr)")
@@ -403,14 +473,26 @@ fn interval_row(
 
 async fn diagnostics(ctx: &SessionContext, s: &DiagnosticsSettings) -> DfResult<RecordBatch> {
     let d = &s.design;
-    let t = &s.thresholds;
     // The negative controls first: a query that is not read-only is refused before any work.
     let ease_value = match &s.negative_controls {
-        Some(arg) => Some(negative_control_ease(ctx, arg).await?),
+        Some(arg) => Some(negative_control_ease(&query(ctx, &table_sql(arg)).await?)?),
         None => None,
     };
     let cases = Arc::new(load_sccs(ctx, d).await?);
-    let prevalence = prevalence(ctx, d).await?;
+    let prevalence = prevalence_of(&query(ctx, &prevalence_sql(d)).await?)?;
+    diagnose(s, cases, prevalence, ease_value).await
+}
+
+/// The diagnostics rows from the design's cases, the outcome's prevalence and the negative
+/// controls' EASE (`None`: none given).
+async fn diagnose(
+    s: &DiagnosticsSettings,
+    cases: Arc<SccsCases>,
+    prevalence: f64,
+    ease_value: Option<f64>,
+) -> DfResult<RecordBatch> {
+    let d = &s.design;
+    let t = &s.thresholds;
     let fit_input = cases.clone();
     let (fit_result, stats) =
         run_blocking("sccs_diagnostics fit", move || fit_cases(&fit_input)).await?;
@@ -893,10 +975,14 @@ pub fn time_to_event_weeks(cases: &SccsCases, exposure: usize) -> Vec<(i64, i64,
 }
 
 async fn time_to_event(ctx: &SessionContext, d: &SccsDesign) -> DfResult<RecordBatch> {
-    let cases = load_sccs(ctx, d).await?;
+    time_to_event_table(d, &load_sccs(ctx, d).await?)
+}
+
+/// The `sccs_time_to_event` table of a design's cases.
+fn time_to_event_table(d: &SccsDesign, cases: &SccsCases) -> DfResult<RecordBatch> {
     let mut rows = Vec::new();
     for x in 0..d.exposures.len() {
-        for w in time_to_event_weeks(&cases, x) {
+        for w in time_to_event_weeks(cases, x) {
             rows.push((x, w));
         }
     }

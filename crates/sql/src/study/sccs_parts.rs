@@ -42,7 +42,7 @@ use super::functions::Part;
 use super::sccs::{
     attrition_batch, covariate_schema, fixed_refs, i64_column, interval_plan, no_eras,
     outcome_schema, population_attrition, read_cases, window_covariates, CaseData, CaseRow,
-    CovariateColumns, Era, IntervalPlan, OutcomeColumns, SccsDesign, RANGE_ROW,
+    CovariateColumns, Era, IntervalPlan, OutcomeColumns, SccsCases, SccsDesign, RANGE_ROW,
 };
 use super::{covariate_ref_batch, covariate_ref_schema, CovariateRef, Domain};
 
@@ -255,44 +255,7 @@ pub fn split_partition(
     covariates: bool,
 ) -> DfResult<Vec<RecordBatch>> {
     const CHUNK: usize = 65_536;
-    let mut persons: BTreeSet<i64> = BTreeSet::new();
-    let mut eras: HashMap<i64, Vec<Era>> = HashMap::new();
-    for b in rows {
-        let c = |n: &str| i64_column(b, n);
-        let (x, person, concept, start, end) = (
-            c("x")?,
-            c("person_id")?,
-            c("concept_id")?,
-            c("start_day")?,
-            c("end_day")?,
-        );
-        for i in 0..b.num_rows() {
-            if person.is_null(i) {
-                continue;
-            }
-            let p = person.value(i);
-            if x.value(i) == MARKER {
-                persons.insert(p);
-                continue;
-            }
-            if !g.by_person.contains_key(&p) {
-                continue;
-            }
-            if start.is_null(i) || concept.is_null(i) {
-                return exec_err!(
-                    "exposures[{}]: person_id {p} has an era with a NULL start date or concept id",
-                    x.value(i)
-                );
-            }
-            let s = start.value(i);
-            eras.entry(p).or_default().push(Era {
-                exposure: x.value(i) as usize,
-                concept_id: concept.value(i),
-                start: s,
-                end: if end.is_null(i) { s } else { end.value(i) },
-            });
-        }
-    }
+    let (persons, eras) = read_eras(g, rows)?;
     for p in eras.keys() {
         if !persons.contains(p) {
             return exec_err!(
@@ -343,6 +306,89 @@ pub fn split_partition(
         out.push(pieces.finish()?);
     }
     Ok(out)
+}
+
+/// The persons (marker rows) and the eras of kept cases' persons in batches of the `rows`
+/// query; an era with a NULL start or concept id is an error naming the person.
+#[allow(clippy::type_complexity)]
+fn read_eras(
+    g: &Global,
+    rows: &[RecordBatch],
+) -> DfResult<(BTreeSet<i64>, HashMap<i64, Vec<Era>>)> {
+    let mut persons: BTreeSet<i64> = BTreeSet::new();
+    let mut eras: HashMap<i64, Vec<Era>> = HashMap::new();
+    for b in rows {
+        let c = |n: &str| i64_column(b, n);
+        let (x, person, concept, start, end) = (
+            c("x")?,
+            c("person_id")?,
+            c("concept_id")?,
+            c("start_day")?,
+            c("end_day")?,
+        );
+        for i in 0..b.num_rows() {
+            if person.is_null(i) {
+                continue;
+            }
+            let p = person.value(i);
+            if x.value(i) == MARKER {
+                persons.insert(p);
+                continue;
+            }
+            if !g.by_person.contains_key(&p) {
+                continue;
+            }
+            if start.is_null(i) || concept.is_null(i) {
+                return exec_err!(
+                    "exposures[{}]: person_id {p} has an era with a NULL start date or concept id",
+                    x.value(i)
+                );
+            }
+            let s = start.value(i);
+            eras.entry(p).or_default().push(Era {
+                exposure: x.value(i) as usize,
+                concept_id: concept.value(i),
+                start: s,
+                end: if end.is_null(i) { s } else { end.value(i) },
+            });
+        }
+    }
+    Ok((persons, eras))
+}
+
+/// The study population and case data of a design from the whole results of its four
+/// queries ([`split_queries`]; `rows` read whole, not partitioned): the local
+/// [`super::sccs::load_sccs`]'s cases, how the diagnostics run on a cluster. Each kept case
+/// holds every era of its person (eras in query order; what reads them does not depend on it).
+pub fn gathered(
+    d: &SccsDesign,
+    cases: &[RecordBatch],
+    outcomes: &[RecordBatch],
+    concepts: &[RecordBatch],
+    rows: &[RecordBatch],
+) -> DfResult<SccsCases> {
+    let g = global(d, cases, outcomes, concepts)?;
+    let (_, eras) = read_eras(&g, rows)?;
+    let Global {
+        kept,
+        mut data,
+        plan,
+        refs,
+        attrition,
+        ..
+    } = g;
+    for (c, case) in kept.iter().zip(data.iter_mut()) {
+        if let Some(e) = eras.get(&c.person_id) {
+            case.eras = e.clone();
+        }
+    }
+    Ok(SccsCases {
+        kept,
+        data,
+        plan,
+        refs,
+        attrition,
+    })
 }
 
 /// The schema of `part` of an SCCS design.
