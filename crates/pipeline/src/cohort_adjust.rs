@@ -385,19 +385,40 @@ fn core_err(e: epifusion_core::Error) -> datafusion::error::DataFusionError {
     exec_datafusion_err!("{e}")
 }
 
-/// Fit the shared propensity model of unit `a` (see the module documentation).
+/// The design of unit `a`'s propensity-score population: the cohort before the
+/// outcome-specific step (the same entries for every outcome); `None` for a unit without
+/// `[analysis.cohort.ps]` / `[analysis.cohort.adjustment]`.
+pub(crate) fn ps_design(a: &Analysis) -> DfResult<Option<CohortDesign>> {
+    let Design::Cohort(cohort) = &a.design else {
+        return Ok(None);
+    };
+    if !matches!(settings(cohort), Ok(Some(_))) {
+        return Ok(None);
+    }
+    let json = super::tables::cohort_settings(a, cohort)?;
+    let mut d = CohortDesign::from_json(&json)?;
+    d.remove_subjects_with_prior_outcome = false;
+    Ok(Some(d))
+}
+
+/// Fit the shared propensity model of unit `a` (see the module documentation) on its
+/// population, built here or `prebuilt` (the outcomes and covariates of [`ps_design`], built
+/// by a cluster's distributed queries).
 async fn fit_shared(
     ctx: &SessionContext,
     a: &Analysis,
-    cohort: &toml::Table,
     settings: &PsSettings,
+    prebuilt: Option<StudyTables>,
 ) -> DfResult<SharedPs> {
     let t0 = Instant::now();
-    let json = super::tables::cohort_settings(a, cohort)?;
-    let mut d = CohortDesign::from_json(&json)?;
-    // The population before the outcome-specific step: the same entries for every outcome.
-    d.remove_subjects_with_prior_outcome = false;
-    let tables = study::build_cohort(ctx, &d).await?;
+    let tables = match prebuilt {
+        Some(t) => t,
+        None => {
+            let d = ps_design(a)?
+                .ok_or_else(|| exec_datafusion_err!("analysis `{}` has no [cohort.ps]", a.name))?;
+            super::tables::from_study(study::build_cohort(ctx, &d).await?)
+        }
+    };
     let outcomes = concat_all(&tables.outcomes)?;
     let row_ids = i64s(&outcomes, "row_id")?;
     let treatment: Vec<bool> = i64s(&outcomes, "treatment")?
@@ -556,6 +577,7 @@ pub async fn adjust(
     a: &Analysis,
     t: &mut StudyTables,
     cache: &PsCache,
+    prebuilt: Option<StudyTables>,
 ) -> DfResult<Option<Adjusted>> {
     let Design::Cohort(cohort) = &a.design else {
         return Ok(None);
@@ -578,7 +600,7 @@ pub async fn adjust(
         match fitted.get(&key) {
             Some(p) => p.clone(),
             None => {
-                let p = Arc::new(fit_shared(ctx, a, cohort, &s.ps).await?);
+                let p = Arc::new(fit_shared(ctx, a, &s.ps, prebuilt).await?);
                 fitted.insert(key, p.clone());
                 p
             }

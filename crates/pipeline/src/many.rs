@@ -164,7 +164,7 @@ pub fn pair(a: &Analysis, exposure: &str) -> Analysis {
 }
 
 /// The design with every exposure of the unit (each as its single-pair design has it).
-fn outcome_design(a: &Analysis, pairs: &[Analysis]) -> DfResult<SccsDesign> {
+pub(crate) fn outcome_design(a: &Analysis, pairs: &[Analysis]) -> DfResult<SccsDesign> {
     let Design::Sccs(t) = &a.design else {
         return datafusion::common::plan_err!("analysis `{}` is not an SCCS analysis", a.name);
     };
@@ -191,6 +191,7 @@ pub(crate) async fn outcome_stage(
     tag: &str,
     progress: &Progress,
     era_cache: &study::ExposureEraCache,
+    prebuilt: Option<study::sccs::SccsCases>,
 ) -> Result<Staged, PipelineError> {
     let t0 = Instant::now();
     let n = a.exposures.len();
@@ -199,10 +200,11 @@ pub(crate) async fn outcome_stage(
     ));
     let pairs: Vec<Analysis> = a.exposures.iter().map(|e| pair(a, e)).collect();
     let d = outcome_design(a, &pairs).map_err(|e| analysis_err(a, e))?;
-    let (tables, exposure_cases) =
-        study::build_sccs_each_exposure_with_cases(ctx, &d, Some(era_cache))
-            .await
-            .map_err(|e| analysis_err(a, e))?;
+    let built = match prebuilt {
+        Some(shared) => study::sccs_many::each_exposure_of_shared(&d, shared).await,
+        None => study::build_sccs_each_exposure_with_cases(ctx, &d, Some(era_cache)).await,
+    };
+    let (tables, exposure_cases) = built.map_err(|e| analysis_err(a, e))?;
     let build_seconds = t0.elapsed().as_secs_f64();
     let rows: usize = tables
         .iter()

@@ -6,11 +6,31 @@
 //! pipeline file's text, the resolved store and output locations and the unit's id. The task
 //! carries the client's OMOP tables as plans; the executor that runs it registers them in a
 //! fresh session, reads the store itself (so the store must be a path every node can read, or
-//! an object-store URL), loads the same file, and runs the unit's build and fit with the code
-//! of a local run ([`crate::run`]'s stages). The unit's tables (estimates, attrition, covariate
-//! reference, diagnostics and the design's extra tables) come back to the client, which
-//! writes them, the manifests and the report as a local run does: the output is written by the
-//! client alone, so it need not be shared with the executors.
+//! an object-store URL), loads the same file, and runs the unit's fit with the code of a local
+//! run ([`crate::run`]'s stages). The unit's tables (estimates, attrition, covariate reference,
+//! diagnostics and the design's extra tables) come back to the client, which writes them, the
+//! manifests and the report as a local run does: the output is written by the client alone,
+//! so it need not be shared with the executors.
+//!
+//! **The study build is distributed** ([`unit_inputs`]): the queries that read the store for
+//! the unit's design are the task's input queries, planned by the client and run by Ballista
+//! as distributed plans (their scans, joins and aggregates hash-partitioned by person over
+//! the executors); the task receives their results and does only the per-case Rust part and
+//! the fit, as the SQL study functions' merge nodes do:
+//!
+//! * SCCS (a unit is one outcome over every exposure of its analysis): the four queries of the
+//!   partitioned build ([`epifusion_sql::study::sccs_parts::split_queries`]) for the first
+//!   exposure, gathered into the case data ([`epifusion_sql::study::sccs_parts::gathered`]),
+//!   plus one query of the other exposures' eras
+//!   ([`epifusion_sql::study::sccs_many::add_other_exposures`]);
+//! * cohort: the population, covariate and covariate-reference queries
+//!   ([`epifusion_sql::study::cohort_parts::all_queries`]), and with `[cohort.ps]` the
+//!   population and covariate queries of the propensity-score population.
+//!
+//! The tables are the local build's, bit for bit. Two kinds of unit still build inside the
+//! task, from the store (as before): SQL designs (their `setup` statements and queries are the
+//! user's, run in the executor's session) and SCCS units over several exposures with
+//! `restrict_time_to_exposure` (each exposure is its own design there).
 //!
 //! Up to `--cluster-units` units (default [`UNITS_IN_FLIGHT`]) are on the cluster at once, each
 //! as one job on one executor (a unit's fit is one model), sent in file order ([`RemoteUnits`]);
@@ -31,11 +51,16 @@ use datafusion::common::{exec_datafusion_err, Result as DfResult, ScalarValue};
 use datafusion::prelude::SessionContext;
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{self, Analysis, Pipeline};
+use epifusion_sql::remote_task::Parts;
+use epifusion_sql::study::functions::Part;
+use epifusion_sql::study::{cohort_parts, sccs_many, sccs_parts, CohortDesign, SccsDesign};
+
+use crate::plan::{self, Analysis, Design, Pipeline};
 use crate::progress::Progress;
-use crate::run::{Fitted, Staged};
+use crate::run::{Fitted, Prebuilt, Staged};
 use crate::spec::Source;
-use crate::PipelineError;
+use crate::tables::{self, StudyTables};
+use crate::{many, PipelineError};
 
 /// The task's name in [`epifusion_sql::remote_task`]'s registry.
 pub const TASK: &str = "pipeline_unit";
@@ -147,13 +172,162 @@ pub(crate) async fn remote_stage(
         tag: tag.to_string(),
     };
     let payload = serde_json::to_string(&task).map_err(|e| crate::run::analysis_err(a, e))?;
-    let parts = epifusion_sql::remote_task::run_on_cluster(cluster, TASK, payload)
+    let inputs = unit_inputs(cluster, a).map_err(|e| crate::run::analysis_err(a, e))?;
+    let parts = epifusion_sql::remote_task::run_on_cluster(cluster, TASK, payload, &inputs)
         .await
         .map_err(|e| crate::run::analysis_err(a, format!("on the cluster: {e}")))?;
     decode_staged(parts).map_err(|e| crate::run::analysis_err(a, e))
 }
 
-fn run_task(ctx: SessionContext, payload: String) -> epifusion_sql::remote_task::TaskFuture {
+/// The input queries' names (the SCCS build's, the other exposures' eras, the cohort build's
+/// and the propensity-score population's).
+const SCCS_QUERIES: [&str; 4] = ["sccs:cases", "sccs:outcomes", "sccs:concepts", "sccs:rows"];
+const OTHER_EXPOSURES: &str = "sccs:other_exposures";
+const COHORT_QUERIES: [&str; 3] = [
+    "cohort:population",
+    "cohort:covariates",
+    "cohort:covariate_ref",
+];
+const PS_QUERIES: [&str; 2] = ["ps:population", "ps:covariates"];
+
+/// How a unit's study build runs on a cluster (module documentation).
+enum UnitBuild {
+    /// An SCCS unit (one outcome, every exposure of its analysis): its first exposure's four
+    /// queries and the others' eras.
+    SccsMany(SccsDesign),
+    /// A cohort design, from its three queries (and its propensity-score population's).
+    Cohort(CohortDesign),
+    /// Built inside the task, from the store.
+    InTask,
+}
+
+/// How unit `a` is built (the client and the executor derive it from the same file).
+fn unit_build(a: &Analysis) -> DfResult<UnitBuild> {
+    Ok(match &a.design {
+        // Every SCCS unit lists its analysis' exposures (crate::many); none is built alone.
+        Design::Sccs(_) if a.exposures.is_empty() => UnitBuild::InTask,
+        Design::Sccs(_) => {
+            let pairs: Vec<Analysis> = a.exposures.iter().map(|e| many::pair(a, e)).collect();
+            let d = many::outcome_design(a, &pairs)?;
+            if d.restrict_time_to_exposure.is_some() {
+                UnitBuild::InTask
+            } else {
+                UnitBuild::SccsMany(d)
+            }
+        }
+        Design::Cohort(t) => {
+            UnitBuild::Cohort(CohortDesign::from_json(&tables::cohort_settings(a, t)?)?)
+        }
+        Design::Sql(_) => UnitBuild::InTask,
+    })
+}
+
+/// The input queries of unit `a`'s task, (name, SQL), planned in the cluster session `ctx`
+/// (module documentation); none for a unit built inside its task.
+fn unit_inputs(ctx: &SessionContext, a: &Analysis) -> DfResult<Vec<(String, String)>> {
+    let named = |names: &[&str], sqls: Vec<String>| -> Vec<(String, String)> {
+        names.iter().map(|n| n.to_string()).zip(sqls).collect()
+    };
+    let mut inputs = match unit_build(a)? {
+        UnitBuild::SccsMany(d) => {
+            let first = sccs_many::first_exposure_design(&d);
+            let mut q = named(&SCCS_QUERIES, sccs_parts::split_queries(&first)?.to_vec());
+            if let Some(sql) = sccs_many::other_exposures_sql(&d) {
+                q.push((OTHER_EXPOSURES.to_string(), sql));
+            }
+            q
+        }
+        UnitBuild::Cohort(d) => named(
+            &COHORT_QUERIES,
+            cohort_parts::all_queries(ctx, &d)?.to_vec(),
+        ),
+        UnitBuild::InTask => Vec::new(),
+    };
+    if let Some(ps) = crate::cohort_adjust::ps_design(a)? {
+        inputs.extend(named(
+            &PS_QUERIES,
+            cohort_parts::split_queries(ctx, &ps, Part::Covariates)?,
+        ));
+    }
+    Ok(inputs)
+}
+
+/// What the task's input results (`inputs`, named as [`unit_inputs`] names them) give unit
+/// `a`'s stage: its study tables or shared SCCS case data, and its propensity-score
+/// population's tables.
+async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
+    let mut inputs: std::collections::HashMap<String, Vec<RecordBatch>> =
+        inputs.into_iter().collect();
+    let mut take = |name: &str| {
+        inputs.remove(name).ok_or_else(|| {
+            exec_datafusion_err!("analysis `{}`: the task lacks its `{name}` query", a.id)
+        })
+    };
+    let mut out = Prebuilt::default();
+    match unit_build(a)? {
+        UnitBuild::SccsMany(d) => {
+            let [c, o, k, r] = SCCS_QUERIES.map(&mut take);
+            let (c, o, k, r) = (c?, o?, k?, r?);
+            let others = match sccs_many::other_exposures_sql(&d) {
+                Some(_) => Some(take(OTHER_EXPOSURES)?),
+                None => None,
+            };
+            let cases = blocking(move || {
+                let first = sccs_many::first_exposure_design(&d);
+                let mut cases = sccs_parts::gathered(&first, &c, &o, &k, &r)?;
+                if let Some(others) = others {
+                    sccs_many::add_other_exposures(&mut cases, &others)?;
+                }
+                Ok(cases)
+            })
+            .await?;
+            out.sccs_cases = Some(cases);
+        }
+        UnitBuild::Cohort(d) => {
+            let [p, c, r] = COHORT_QUERIES.map(&mut take);
+            let queries = [p?, c?, r?];
+            let t = blocking(move || cohort_parts::tables_of(&d, queries)).await?;
+            out.tables = Some(tables::from_study(t));
+        }
+        UnitBuild::InTask => {}
+    }
+    if let Some(ps) = crate::cohort_adjust::ps_design(a)? {
+        let [p, c] = PS_QUERIES.map(&mut take);
+        let (p, c) = (p?, c?);
+        out.ps = Some(
+            blocking(move || {
+                Ok(StudyTables {
+                    outcomes: vec![cohort_parts::merge(
+                        &ps,
+                        Part::Outcomes,
+                        std::slice::from_ref(&p),
+                    )?],
+                    covariates: vec![cohort_parts::merge(&ps, Part::Covariates, &[p, c])?],
+                    covariate_ref: Vec::new(),
+                    attrition: Vec::new(),
+                })
+            })
+            .await?,
+        );
+    }
+    Ok(out)
+}
+
+/// Run CPU work on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> DfResult<T> + Send + 'static,
+) -> DfResult<T> {
+    SpawnedTask::spawn_blocking(work)
+        .join()
+        .await
+        .map_err(|e| exec_datafusion_err!("a pipeline unit's build task failed: {e}"))?
+}
+
+fn run_task(
+    ctx: SessionContext,
+    payload: String,
+    inputs: Parts,
+) -> epifusion_sql::remote_task::TaskFuture {
     Box::pin(async move {
         let task: UnitTask = serde_json::from_str(&payload)
             .map_err(|e| exec_datafusion_err!("a pipeline unit task arrived garbled: {e}"))?;
@@ -179,6 +353,9 @@ fn run_task(ctx: SessionContext, payload: String) -> epifusion_sql::remote_task:
                     task.analysis
                 )
             })?;
+        let prebuilt = prebuilt_of(a, inputs)
+            .await
+            .map_err(|e| fail(crate::run::analysis_err(a, e)))?;
         let staged = crate::run::stage(
             &ctx,
             &p,
@@ -187,6 +364,7 @@ fn run_task(ctx: SessionContext, payload: String) -> epifusion_sql::remote_task:
             &Progress::quiet(),
             &crate::cohort_adjust::PsCache::new(),
             &epifusion_sql::study::ExposureEraCache::new(),
+            prebuilt,
         )
         .await
         .map_err(fail)?;
@@ -294,6 +472,127 @@ fn decode_staged(parts: epifusion_sql::remote_task::Parts) -> DfResult<Staged> {
 mod tests {
     use super::*;
     use datafusion::arrow::array::Int64Array;
+
+    /// A staged table without the columns that time the run.
+    fn untimed(batches: &[RecordBatch]) -> Vec<RecordBatch> {
+        batches
+            .iter()
+            .map(|b| {
+                let keep: Vec<usize> = (0..b.num_columns())
+                    .filter(|&i| !b.schema().field(i).name().ends_with("seconds"))
+                    .collect();
+                b.project(&keep).unwrap()
+            })
+            .collect()
+    }
+
+    fn concat(batches: &[RecordBatch]) -> Option<RecordBatch> {
+        let first = batches.first()?;
+        Some(datafusion::arrow::compute::concat_batches(first.schema_ref(), batches).unwrap())
+    }
+
+    /// Stage `a` with caches of its own (nothing shared with another stage).
+    async fn stage_alone(
+        ctx: &SessionContext,
+        p: &Pipeline,
+        a: &Analysis,
+        prebuilt: Prebuilt,
+    ) -> Staged {
+        let (ps, eras) = (
+            crate::cohort_adjust::PsCache::new(),
+            epifusion_sql::study::ExposureEraCache::new(),
+        );
+        crate::run::stage(ctx, p, a, "test", &Progress::quiet(), &ps, &eras, prebuilt)
+            .await
+            .unwrap()
+    }
+
+    /// Every unit of the bundled design pipelines staged from the results of its task's input
+    /// queries (what a cluster task receives; here run in a local session) gives the tables of
+    /// the unit built from the store, bit for bit: SCCS units over several exposures, cohort
+    /// units with and without a propensity-score population.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn units_staged_from_their_input_queries_match_the_local_build() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let store = root.join("data/gibleed").display().to_string();
+        let (mut many, mut cohort, mut ps) = (0, 0, 0);
+        // gibleed.toml: two cohort units and an SCCS unit over two exposures; cohort.toml:
+        // its propensity-score unit (its other units are gibleed's with cross-validation).
+        for (file, only_ps) in [
+            ("pipelines/gibleed.toml", false),
+            ("pipelines/cohort.toml", true),
+        ] {
+            let p = plan::load(&root.join(file), Some(&store), Some("unused")).unwrap();
+            let ctx =
+                epifusion_sql::session::new_session(&epifusion_sql::session::SessionOptions {
+                    omop: Some(p.omop.clone()),
+                    batch_size: None,
+                })
+                .await
+                .unwrap();
+            for a in &p.analyses {
+                let has_ps = crate::cohort_adjust::ps_design(a).unwrap().is_some();
+                if only_ps && !has_ps {
+                    continue;
+                }
+                let inputs = unit_inputs(&ctx, a).unwrap();
+                match unit_build(a).unwrap() {
+                    UnitBuild::SccsMany(_) => many += 1,
+                    UnitBuild::Cohort(_) => cohort += 1,
+                    UnitBuild::InTask => continue,
+                }
+                if has_ps {
+                    ps += 1;
+                }
+                let mut parts = Parts::new();
+                for (name, sql) in &inputs {
+                    let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+                    parts.push((name.clone(), batches));
+                }
+                let local = stage_alone(&ctx, &p, a, Prebuilt::default()).await;
+                let prebuilt = prebuilt_of(a, parts).await.unwrap();
+                let built = stage_alone(&ctx, &p, a, prebuilt).await;
+                let what = format!("{file}: {}", a.id);
+                for (name, l, b) in [
+                    (
+                        "estimates",
+                        &local.fitted.estimates,
+                        &built.fitted.estimates,
+                    ),
+                    (
+                        "attrition",
+                        &local.fitted.attrition,
+                        &built.fitted.attrition,
+                    ),
+                    (
+                        "covariate_ref",
+                        &local.fitted.covariate_ref,
+                        &built.fitted.covariate_ref,
+                    ),
+                    ("diagnostics", &local.diagnostics, &built.diagnostics),
+                ] {
+                    assert!(!l.is_empty(), "{what}: {name} is empty");
+                    assert_eq!(concat(&untimed(l)), concat(&untimed(b)), "{what}: {name}");
+                }
+                assert_eq!(local.status, built.status, "{what}");
+                assert_eq!(local.rows, built.rows, "{what}");
+                assert_eq!(local.fitted.sizes, built.fitted.sizes, "{what}");
+                assert_eq!(
+                    local.extra.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    built.extra.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    "{what}"
+                );
+                for ((n, l), (_, b)) in local.extra.iter().zip(&built.extra) {
+                    assert_eq!(concat(&untimed(l)), concat(&untimed(b)), "{what}: {n}");
+                }
+            }
+        }
+        assert!(many >= 2, "{many} SCCS units over several exposures");
+        assert!(
+            cohort >= 4 && ps >= 1,
+            "{cohort} cohort units, {ps} with ps"
+        );
+    }
 
     fn batch(v: Vec<i64>) -> RecordBatch {
         let s = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));

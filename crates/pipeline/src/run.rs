@@ -678,7 +678,19 @@ async fn run_unit(
             progress.step(&format!("{tag}: building and fitting on the cluster"));
             remote.next(a).await?
         }
-        None => stage(ctx, p, a, tag, progress, ps_cache, era_cache).await?,
+        None => {
+            stage(
+                ctx,
+                p,
+                a,
+                tag,
+                progress,
+                ps_cache,
+                era_cache,
+                Prebuilt::default(),
+            )
+            .await?
+        }
     };
     let Staged {
         fitted,
@@ -782,8 +794,21 @@ pub(crate) struct Staged {
     pub(crate) extra: Vec<(String, Vec<RecordBatch>)>,
 }
 
+/// What a unit's build reads that was computed before the unit ran (on a cluster, by the
+/// distributed queries of [`crate::remote`]); each part absent is built by the unit itself.
+#[derive(Default)]
+pub(crate) struct Prebuilt {
+    /// The study tables of a unit of one fit.
+    pub(crate) tables: Option<StudyTables>,
+    /// The shared case data of an SCCS unit of one outcome over several exposures.
+    pub(crate) sccs_cases: Option<epifusion_sql::study::sccs::SccsCases>,
+    /// The propensity-score population's tables of a cohort unit with `[cohort.ps]`.
+    pub(crate) ps: Option<StudyTables>,
+}
+
 /// Build and fit the unit `a` in `ctx` (a unit of one fit, or of one outcome over several
-/// exposures).
+/// exposures), from what `prebuilt` holds and the store.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn stage(
     ctx: &SessionContext,
     p: &Pipeline,
@@ -792,11 +817,12 @@ pub(crate) async fn stage(
     progress: &Progress,
     ps_cache: &super::cohort_adjust::PsCache,
     era_cache: &epifusion_sql::study::ExposureEraCache,
+    prebuilt: Prebuilt,
 ) -> Result<Staged, PipelineError> {
     if a.exposures.is_empty() {
-        single_stage(ctx, p, a, tag, progress, ps_cache).await
+        single_stage(ctx, p, a, tag, progress, ps_cache, prebuilt).await
     } else {
-        crate::many::outcome_stage(ctx, a, tag, progress, era_cache).await
+        crate::many::outcome_stage(ctx, a, tag, progress, era_cache, prebuilt.sccs_cases).await
     }
 }
 
@@ -808,18 +834,24 @@ async fn single_stage(
     tag: &str,
     progress: &Progress,
     ps_cache: &super::cohort_adjust::PsCache,
+    prebuilt: Prebuilt,
 ) -> Result<Staged, PipelineError> {
     let t0 = Instant::now();
     progress.step(&format!("{tag}: building the study tables"));
-    if let Design::Sql(q) = &a.design {
-        plan::run_setup(ctx, q, &p.source).await?;
-    }
-    let mut t = tables::build_tables(ctx, a)
-        .await
-        .map_err(|e| analysis_err(a, e))?;
+    let mut t = match prebuilt.tables {
+        Some(t) => t,
+        None => {
+            if let Design::Sql(q) = &a.design {
+                plan::run_setup(ctx, q, &p.source).await?;
+            }
+            tables::build_tables(ctx, a)
+                .await
+                .map_err(|e| analysis_err(a, e))?
+        }
+    };
     // Cohort designs with [analysis.cohort.ps] / [analysis.cohort.adjustment].
     progress.step(&format!("{tag}: propensity scores and adjustment"));
-    let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache)
+    let adjusted = super::cohort_adjust::adjust(ctx, a, &mut t, ps_cache, prebuilt.ps)
         .await
         .map_err(|e| analysis_err(a, e))?;
     if let Some(adj) = &adjusted {

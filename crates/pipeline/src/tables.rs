@@ -163,7 +163,7 @@ pub fn cohort_settings(a: &Analysis, t: &toml::Table) -> DfResult<String> {
     Ok(Value::Object(d).to_string())
 }
 
-fn from_study(t: study::StudyTables) -> StudyTables {
+pub(crate) fn from_study(t: study::StudyTables) -> StudyTables {
     StudyTables {
         outcomes: t.outcomes,
         covariates: t.covariates,

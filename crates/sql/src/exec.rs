@@ -118,7 +118,8 @@ pub enum NodeSpec {
         settings: String,
     },
     /// Work of a crate above this one, run by the runner registered as `kind` in the process
-    /// that executes the node ([`crate::remote_task`]): no children.
+    /// that executes the node ([`crate::remote_task`]): children the task's input queries
+    /// (distributed plans), one per name of `inputs`, each read whole.
     Task {
         /// The runner's name, e.g. `pipeline_unit`.
         kind: String,
@@ -127,6 +128,9 @@ pub enum NodeSpec {
         /// The client session's tables the task reads (as for a study build).
         #[serde(default, skip_serializing_if = "StudyInputs::is_empty")]
         tables: StudyInputs,
+        /// The names of the input queries, in child order (what the runner receives them as).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        inputs: Vec<String>,
     },
 }
 
@@ -162,7 +166,8 @@ impl NodeSpec {
             NodeSpec::Fit { .. } => 1..=2,
             NodeSpec::EmpiricalNull => 1..=1,
             NodeSpec::CalibrateEstimates => 2..=2,
-            NodeSpec::Study { .. } | NodeSpec::Task { .. } => 0..=0,
+            NodeSpec::Study { .. } => 0..=0,
+            NodeSpec::Task { inputs, .. } => inputs.len()..=inputs.len(),
             NodeSpec::Cohort { .. } => 1..=3,
             NodeSpec::SccsPart { .. } => 4..=4,
             NodeSpec::SccsMerge { .. } => 3..=4,
@@ -181,8 +186,8 @@ enum Work {
     Study(crate::study::functions::StudyWork),
     Diagnostics(crate::study::diagnostics::DiagnosticsWork),
     Cohort(crate::cohort_ps::CohortWork),
-    /// A registered runner and its payload.
-    Task(String, String),
+    /// A registered runner, its payload and the names of its inputs.
+    Task(String, String, Vec<String>),
     /// One partition of an SCCS build partitioned by person.
     SccsPart(Arc<crate::study::SccsDesign>, Part),
     /// The merge of an SCCS build partitioned by person.
@@ -243,8 +248,16 @@ impl EpiExec {
             ));
         }
         let (work, schema) = match (&spec, spec.role()) {
-            (NodeSpec::Task { kind, payload, .. }, _) => (
-                Work::Task(kind.clone(), payload.clone()),
+            (
+                NodeSpec::Task {
+                    kind,
+                    payload,
+                    inputs,
+                    ..
+                },
+                _,
+            ) => (
+                Work::Task(kind.clone(), payload.clone(), inputs.clone()),
                 crate::remote_task::schema(),
             ),
             (_, Err(e)) => return Err(e),
@@ -493,11 +506,16 @@ impl EpiExec {
                 let inputs = read_small(&children, &context).await?;
                 run_blocking(move || crate::study::cohort_parts::merge(&d, part, &inputs)).await
             }
-            Work::Task(kind, payload) => {
+            Work::Task(kind, payload, names) => {
                 let runner = crate::remote_task::runner(&kind)?;
-                let parts =
-                    in_build_session(tables, study_context, &context, |ctx| runner(ctx, payload))
-                        .await?;
+                let inputs: crate::remote_task::Parts = names
+                    .into_iter()
+                    .zip(read_small(&children, &context).await?)
+                    .collect();
+                let parts = in_build_session(tables, study_context, &context, |ctx| {
+                    runner(ctx, payload, inputs)
+                })
+                .await?;
                 crate::remote_task::encode(&parts)
             }
         }

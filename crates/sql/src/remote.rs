@@ -244,7 +244,7 @@ async fn distributed_diagnostics(
 
 /// The queries of a build run as distributed plans ((SQL, name) pairs), planned in `session`
 /// and prepared for the cluster.
-async fn plan_build_queries(
+pub(crate) async fn plan_build_queries(
     session: &dyn Session,
     function: &str,
     queries: &[(&str, &str)],

@@ -5,9 +5,13 @@
 //! store's listing tables and views, as plans), as a [`NodeSpec::Task`] plan node. The
 //! executor that runs the node registers those tables in a fresh session, finds the runner of
 //! the same name **in its own process** (so every node must register it at start: the
-//! `epifusion` binary does, for every command) and runs it there. The runner returns named
-//! tables; they travel back as one batch of (`part`, `data`) rows, `data` an Arrow IPC stream
-//! ([`encode`], [`decode`]), so tables of any schema come back exactly as computed.
+//! `epifusion` binary does, for every command) and runs it there. A task may also name input
+//! queries: they are planned in the client session like a study build's
+//! ([`crate::remote`]: each a distributed plan whose joins and aggregates Ballista spreads over
+//! the executors) and become the node's children; the runner receives their whole results by
+//! name, so only the work that needs every row at once runs in the task. The runner returns
+//! named tables; they travel back as one batch of (`part`, `data`) rows, `data` an Arrow IPC
+//! stream ([`encode`], [`decode`]), so tables of any schema come back exactly as computed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,8 +36,9 @@ pub type Parts = Vec<(String, Vec<RecordBatch>)>;
 /// What a runner returns.
 pub type TaskFuture = Pin<Box<dyn Future<Output = DfResult<Parts>> + Send>>;
 
-/// A runner: the executor's session (with the client's tables) and the payload.
-pub type TaskRunner = fn(SessionContext, String) -> TaskFuture;
+/// A runner: the executor's session (with the client's tables), the payload and the results
+/// of the task's input queries (by name, in the order the client listed them).
+pub type TaskRunner = fn(SessionContext, String, Parts) -> TaskFuture;
 
 fn runners() -> &'static RwLock<HashMap<String, TaskRunner>> {
     static RUNNERS: OnceLock<RwLock<HashMap<String, TaskRunner>>> = OnceLock::new();
@@ -129,15 +134,28 @@ pub fn decode(batches: &[RecordBatch]) -> DfResult<Parts> {
 }
 
 /// Run the task `kind` with `payload` on one executor of the cluster session `ctx`, which
-/// carries `ctx`'s tables to it; the tables the runner returned.
-pub async fn run_on_cluster(ctx: &SessionContext, kind: &str, payload: String) -> DfResult<Parts> {
-    let tables = StudyInputs::from_session(&ctx.state(), kind).await?;
+/// carries `ctx`'s tables to it, over the results of `inputs` ((name, SQL) pairs, planned in
+/// `ctx` and run as distributed plans); the tables the runner returned.
+pub async fn run_on_cluster(
+    ctx: &SessionContext,
+    kind: &str,
+    payload: String,
+    inputs: &[(String, String)],
+) -> DfResult<Parts> {
+    let state = ctx.state();
+    let tables = StudyInputs::from_session(&state, kind).await?;
+    let queries: Vec<(&str, &str)> = inputs
+        .iter()
+        .map(|(name, sql)| (sql.as_str(), name.as_str()))
+        .collect();
+    let plans = crate::remote::plan_build_queries(&state, kind, &queries).await?;
     let spec = NodeSpec::Task {
         kind: kind.to_string(),
         payload,
         tables,
+        inputs: inputs.iter().map(|(name, _)| name.clone()).collect(),
     };
-    let table = PlannedEpiTable::new(spec, Vec::new(), schema());
+    let table = PlannedEpiTable::new(spec, plans, schema());
     let batches = ctx.read_table(Arc::new(table))?.collect().await?;
     decode(&batches)
 }

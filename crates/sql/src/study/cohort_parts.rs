@@ -99,6 +99,47 @@ pub fn split_queries(ctx: &SessionContext, d: &CohortDesign, part: Part) -> DfRe
     })
 }
 
+/// The three queries of every table of design `d` at once (`population`, `covariates`,
+/// `covariate reference`; [`split_queries`]), planned in `ctx`: what a cluster task that needs
+/// the whole build (a pipeline unit) reads; [`tables_of`] makes the tables from their results.
+pub fn all_queries(ctx: &SessionContext, d: &CohortDesign) -> DfResult<[String; 3]> {
+    let mut both = split_queries(ctx, d, Part::Covariates)?;
+    let named = split_queries(ctx, d, Part::CovariateRef)?
+        .pop()
+        .ok_or_else(|| exec_datafusion_err!("cohort: no covariate reference query"))?;
+    let covariates = both.pop();
+    let population = both.pop();
+    match (population, covariates) {
+        (Some(p), Some(c)) => Ok([p, c, named]),
+        _ => exec_err!("cohort: no population or covariate query"),
+    }
+}
+
+/// The four tables of design `d` from the results of its [`all_queries`], as the local build
+/// ([`super::build_cohort`]) returns them (the covariates as one batch).
+pub fn tables_of(d: &CohortDesign, inputs: [Vec<RecordBatch>; 3]) -> DfResult<super::StudyTables> {
+    let [population, covariates, named] = inputs;
+    let one = |part: Part, inputs: &[Vec<RecordBatch>]| merge(d, part, inputs).map(|b| vec![b]);
+    let pop = [population];
+    let outcomes = one(Part::Outcomes, &pop)?;
+    let attrition = one(Part::Attrition, &pop)?;
+    let [population] = pop;
+    let mut all = vec![population, covariates];
+    let covariates = one(Part::Covariates, &all)?;
+    let covariate_ref = if d.restrict_to_common_period {
+        all.push(named);
+        one(Part::CovariateRef, &all)?
+    } else {
+        one(Part::CovariateRef, &[named])?
+    };
+    Ok(super::StudyTables {
+        outcomes,
+        covariates,
+        covariate_ref,
+        attrition,
+    })
+}
+
 /// How many queries the merge of `part` reads ([`split_queries`]).
 pub fn input_count(d: &CohortDesign, part: Part) -> usize {
     match part {

@@ -103,15 +103,7 @@ pub async fn build_sccs_each_exposure_with_cases(
         }
         return Ok((tables, cases));
     }
-    let shared = Arc::new(load_shared(ctx, d, eras).await?);
-    for x in 0..d.exposures.len() {
-        tables.push(exposure_tables(d, &shared, x).await?);
-        cases.push(ExposureCases {
-            cases: shared.clone(),
-            exposure: x,
-        });
-    }
-    Ok((tables, cases))
+    each_exposure_of_shared(d, load_shared(ctx, d, eras).await?).await
 }
 
 /// The exposures' eras of a many-pairs design over every person (the `UNION ALL` of the
@@ -217,11 +209,7 @@ async fn load_shared(
     d: &SccsDesign,
     cache: Option<&ExposureEraCache>,
 ) -> DfResult<SccsCases> {
-    let first = SccsDesign {
-        exposures: vec![d.exposures[0].clone()],
-        ..d.clone()
-    };
-    let mut cases = load_sccs(ctx, &first).await?;
+    let mut cases = load_sccs(ctx, &first_exposure_design(d)).await?;
     if d.exposures.len() == 1 || cases.kept.is_empty() {
         return Ok(cases);
     }
@@ -239,19 +227,7 @@ async fn load_shared(
         ],
     )?;
     let temp = TempTable::register(ctx, "sccs_cases_many", case_schema, vec![case_batch])?;
-    let branches = d.exposures[1..]
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "SELECT CAST({x} AS BIGINT) AS exposure_index, person_id, concept_id, start_day, end_day \
-                 FROM ({sql}) AS r{x}",
-                x = i + 1,
-                sql = e.concept_set().sql(Domain::DrugEra)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" UNION ALL ");
+    let branches = other_exposures_union(d);
     let cached = match cache {
         Some(c) => c.eras(ctx, &branches).await?,
         None => None,
@@ -275,31 +251,125 @@ async fn load_shared(
         cases = temp.name
     );
     for b in query(ctx, &sql).await? {
-        let case = i64_column(&b, "case_index")?;
-        let exposure = i64_column(&b, "exposure_index")?;
-        let concept = i64_column(&b, "concept_id")?;
-        let (s, en) = (i64_column(&b, "start_day")?, i64_column(&b, "end_day")?);
-        for i in 0..b.num_rows() {
-            let (c, x) = (case.value(i) as usize, exposure.value(i) as usize);
-            if s.is_null(i) || concept.is_null(i) {
-                return exec_err!(
-                    "exposures[{x}]: person_id {} has an era with a NULL start date or concept id",
-                    cases.kept[c].person_id
-                );
-            }
-            let start = s.value(i);
-            let end = if en.is_null(i) { start } else { en.value(i) };
-            cases.data[c].eras.push(Era {
-                exposure: x,
-                concept_id: concept.value(i),
-                start,
-                end,
-            });
+        let kept = &cases.kept;
+        for (c, era) in era_rows(&b, "case_index", |c| kept[c as usize].person_id)? {
+            cases.data[c as usize].eras.push(era);
         }
     }
     drop(temp);
     drop(eras_temp);
     Ok(cases)
+}
+
+/// The eras of the exposures after the first of a many-pairs design over every person
+/// (`exposure_index`, `person_id`, `concept_id`, `start_day`, `end_day`); `None` for a design
+/// of one exposure. What [`add_other_exposures`] reads when the design's queries run elsewhere
+/// (on a cluster).
+pub fn other_exposures_sql(d: &SccsDesign) -> Option<String> {
+    (d.exposures.len() > 1).then(|| other_exposures_union(d))
+}
+
+fn other_exposures_union(d: &SccsDesign) -> String {
+    d.exposures[1..]
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "SELECT CAST({x} AS BIGINT) AS exposure_index, person_id, concept_id, start_day, end_day \
+                 FROM ({sql}) AS r{x}",
+                x = i + 1,
+                sql = e.concept_set().sql(Domain::DrugEra)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+}
+
+/// Add to `cases` (the first exposure's case data, [`load_sccs`] or
+/// [`super::sccs_parts::gathered`] of the design with only that exposure) the eras of the
+/// other exposures from the whole result of [`other_exposures_sql`]: each era goes to every
+/// kept case of its person, as the local join does; the shared case data of the design.
+pub fn add_other_exposures(cases: &mut SccsCases, batches: &[RecordBatch]) -> DfResult<()> {
+    let mut of_person: std::collections::HashMap<i64, Vec<usize>> = Default::default();
+    for (c, k) in cases.kept.iter().enumerate() {
+        of_person.entry(k.person_id).or_default().push(c);
+    }
+    for b in batches {
+        for (person, era) in era_rows(b, "person_id", |p| p)? {
+            for &c in of_person
+                .get(&person)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                cases.data[c].eras.push(era);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The eras of a batch of (`key`, `exposure_index`, `concept_id`, `start_day`, `end_day`)
+/// rows with their keys; a NULL start or concept id is an error naming the person
+/// (`person_of(key)`).
+fn era_rows(
+    b: &RecordBatch,
+    key: &str,
+    person_of: impl Fn(i64) -> i64,
+) -> DfResult<Vec<(i64, Era)>> {
+    let keys = i64_column(b, key)?;
+    let exposure = i64_column(b, "exposure_index")?;
+    let concept = i64_column(b, "concept_id")?;
+    let (s, en) = (i64_column(b, "start_day")?, i64_column(b, "end_day")?);
+    let mut out = Vec::with_capacity(b.num_rows());
+    for i in 0..b.num_rows() {
+        let x = exposure.value(i) as usize;
+        if keys.is_null(i) || s.is_null(i) || concept.is_null(i) {
+            return exec_err!(
+                "exposures[{x}]: person_id {} has an era with a NULL start date or concept id",
+                person_of(keys.value(i))
+            );
+        }
+        let start = s.value(i);
+        let end = if en.is_null(i) { start } else { en.value(i) };
+        out.push((
+            keys.value(i),
+            Era {
+                exposure: x,
+                concept_id: concept.value(i),
+                start,
+                end,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Every exposure's tables and case data from the shared case data of a many-pairs design
+/// (see [`add_other_exposures`]), as [`build_sccs_each_exposure_with_cases`] returns them.
+pub async fn each_exposure_of_shared(
+    d: &SccsDesign,
+    shared: SccsCases,
+) -> DfResult<(Vec<StudyTables>, Vec<ExposureCases>)> {
+    let shared = Arc::new(shared);
+    let mut tables = Vec::with_capacity(d.exposures.len());
+    let mut cases = Vec::with_capacity(d.exposures.len());
+    for x in 0..d.exposures.len() {
+        tables.push(exposure_tables(d, &shared, x).await?);
+        cases.push(ExposureCases {
+            cases: shared.clone(),
+            exposure: x,
+        });
+    }
+    Ok((tables, cases))
+}
+
+/// The design of a many-pairs design's first exposure alone: the study population and case
+/// data the others' eras are added to.
+pub fn first_exposure_design(d: &SccsDesign) -> SccsDesign {
+    SccsDesign {
+        exposures: vec![d.exposures[0].clone()],
+        ..d.clone()
+    }
 }
 
 /// The tables of exposure `x` from the shared case data.
