@@ -774,15 +774,7 @@ async fn partitioned_sccs_builds_match_the_local_build() {
             let q = json.replace('\'', "''");
             for (function, order) in tables {
                 let sql = format!("SELECT * FROM {function}('{q}') ORDER BY {order}");
-                let local: Vec<RecordBatch> = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
-                let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
-                let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
-                let shown = prepared.display_indent().to_string();
-                let df = ctx.execute_logical_plan(prepared).await.unwrap();
-                let physical = df.clone().create_physical_plan().await.unwrap();
-                let text = datafusion::physical_plan::displayable(physical.as_ref())
-                    .indent(false)
-                    .to_string();
+                let (local, split, shown, text) = local_and_cluster_shaped(&ctx, &sql).await;
                 assert!(
                     text.contains(&format!("EpiExec: {function} (merge)")),
                     "design {k}, {function}: not a partitioned build:\n{text}"
@@ -799,7 +791,6 @@ async fn partitioned_sccs_builds_match_the_local_build() {
                         "design {k}, {function}: the pieces are not partitioned by person:\n{shown}\n{text}"
                     );
                 }
-                let split: Vec<RecordBatch> = df.collect().await.unwrap();
                 assert_same_batches(
                     &local,
                     &split,
@@ -844,7 +835,6 @@ async fn partitioned_sccs_builds_match_the_local_build() {
 /// events and every covariate analysis.
 #[tokio::test]
 async fn distributed_cohort_builds_match_the_local_build() {
-    use epifusion::engine::remote::prepare_for_cluster;
     let store = repo("data/gibleed");
     let designs = [
         r#"{"target": {"concept_ids": [1118084]}, "comparator": {"concept_ids": [1124300]},
@@ -882,14 +872,7 @@ async fn distributed_cohort_builds_match_the_local_build() {
             let q = json.replace('\'', "''");
             for function in tables {
                 let sql = format!("SELECT * FROM {function}('{q}')");
-                let local: Vec<RecordBatch> = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
-                let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
-                let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
-                let df = ctx.execute_logical_plan(prepared).await.unwrap();
-                let physical = df.clone().create_physical_plan().await.unwrap();
-                let text = datafusion::physical_plan::displayable(physical.as_ref())
-                    .indent(false)
-                    .to_string();
+                let (local, split, _, text) = local_and_cluster_shaped(&ctx, &sql).await;
                 assert!(
                     text.contains(&format!("EpiExec: {function} (merge)")),
                     "design {k}, {function}: not a distributed build:\n{text}"
@@ -900,7 +883,6 @@ async fn distributed_cohort_builds_match_the_local_build() {
                         "design {k}, {function}: the queries are not distributed:\n{text}"
                     );
                 }
-                let split: Vec<RecordBatch> = df.collect().await.unwrap();
                 assert_same_batches(
                     &local,
                     &split,
@@ -949,14 +931,7 @@ async fn distributed_sccs_diagnostics_match_the_local_run() {
             let q = json.replace('\'', "''");
             for function in ["sccs_diagnostics", "sccs_time_to_event"] {
                 let sql = format!("SELECT * FROM {function}('{q}')");
-                let local: Vec<RecordBatch> = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
-                let plan = ctx.sql(&sql).await.unwrap().into_optimized_plan().unwrap();
-                let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
-                let df = ctx.execute_logical_plan(prepared).await.unwrap();
-                let physical = df.clone().create_physical_plan().await.unwrap();
-                let text = datafusion::physical_plan::displayable(physical.as_ref())
-                    .indent(false)
-                    .to_string();
+                let (local, split, _, text) = local_and_cluster_shaped(&ctx, &sql).await;
                 assert!(
                     text.contains(&format!("EpiExec: {function} (merge)")),
                     "design {k}, {function}: not a distributed build:\n{text}"
@@ -967,7 +942,6 @@ async fn distributed_sccs_diagnostics_match_the_local_run() {
                         "design {k}, {function}: the queries are not distributed:\n{text}"
                     );
                 }
-                let split: Vec<RecordBatch> = df.collect().await.unwrap();
                 assert_same_batches(
                     &local,
                     &split,
@@ -1018,6 +992,27 @@ async fn distributed_sccs_diagnostics_match_the_local_run() {
             "{e}"
         );
     }
+}
+
+/// `sql` run in `ctx` as it is, then as a cluster would run it (prepared by
+/// `prepare_for_cluster`, run here): the local batches, the prepared plan's batches, its
+/// logical and its physical plan as text.
+async fn local_and_cluster_shaped(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> (Vec<RecordBatch>, Vec<RecordBatch>, String, String) {
+    use epifusion::engine::remote::prepare_for_cluster;
+    let local: Vec<RecordBatch> = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let plan = ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap();
+    let prepared = prepare_for_cluster(&ctx.state(), plan).await.unwrap();
+    let shown = prepared.display_indent().to_string();
+    let df = ctx.execute_logical_plan(prepared).await.unwrap();
+    let physical = df.clone().create_physical_plan().await.unwrap();
+    let text = datafusion::physical_plan::displayable(physical.as_ref())
+        .indent(false)
+        .to_string();
+    let split: Vec<RecordBatch> = df.collect().await.unwrap();
+    (local, split, shown, text)
 }
 
 /// `split` holds the rows of `local` bit for bit, in the same order (at least `min_rows` of
