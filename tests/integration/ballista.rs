@@ -701,10 +701,9 @@ async fn assert_same_results(local_out: &Path, cluster_out: &Path) -> usize {
 
 /// The bundled GiBleed pipeline (Cox, Fine–Gray and an SCCS unit over two exposures) with
 /// `run --cluster`: every unit's build queries run as distributed plans and its fit on an
-/// executor (all three at once, then one
-/// at a time with `--cluster-units 1`), and every result table (estimates, attrition, covariate
-/// reference, diagnostics and the designs' extra tables) is identical to the local run's, bit
-/// for bit; resume works as locally.
+/// executor (all three at once, then one at a time with `--cluster-units 1`), and every result
+/// table (estimates, attrition, covariate reference, diagnostics and the designs' extra tables)
+/// is identical to the local run's, bit for bit; resume works as locally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
     let dir = test_dir("pipeline");
