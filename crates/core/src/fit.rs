@@ -169,6 +169,11 @@ pub struct ProfileOptions {
     pub include_penalty: bool,
     /// Values of β at which to report the profile of each of `covariates` (plus the estimate).
     pub grid: Option<Vec<f64>>,
+    /// With `ci = profile`: only `covariates` get a profile interval (and the other
+    /// unpenalized coefficients none), for callers that read a few intervals of a large model
+    /// (the SCCS diagnostics read the probe's and the pre-exposure windows'). Their intervals
+    /// are the ones a full profile run gives, bit for bit. Not a SQL option.
+    pub only_covariates: bool,
 }
 
 impl Default for ProfileOptions {
@@ -177,6 +182,7 @@ impl Default for ProfileOptions {
             covariates: Vec::new(),
             include_penalty: true,
             grid: None,
+            only_covariates: false,
         }
     }
 }
@@ -973,7 +979,7 @@ fn fit_shape(
         }
     }
     if ok {
-        let mut js: Vec<usize> = if opts.ci == CiMethod::Profile {
+        let mut js: Vec<usize> = if opts.ci == CiMethod::Profile && !opts.profile.only_covariates {
             unpenalized.clone()
         } else {
             Vec::new()

@@ -515,6 +515,7 @@ impl ProfileSpec {
             covariates: self.covariates.unwrap_or(d.covariates),
             include_penalty: self.include_penalty.unwrap_or(d.include_penalty),
             grid,
+            only_covariates: false,
         })
     }
 }

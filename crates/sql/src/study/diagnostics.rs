@@ -345,6 +345,21 @@ fn fit_cases(cases: &SccsCases) -> epifusion_core::Result<(Option<FitResult>, Co
     let design = b.build()?;
     let mut opts = FitOptions::new(ModelKind::ConditionalPoisson);
     opts.threads = Some(1);
+    // The diagnostics read the intervals of the probe and the pre-exposure windows only:
+    // profile those (each the interval a full profile run gives), not every spline and
+    // window coefficient.
+    let mut wanted: Vec<i64> = Vec::new();
+    if cases.plan.probe_days().is_some() {
+        wanted.push(PROBE_ID);
+    }
+    for (_, w, ids) in cases.plan.window_ids() {
+        if is_pre_exposure(w.start, w.start_anchor) {
+            wanted.extend(ids);
+        }
+    }
+    wanted.retain(|&id| design.column_index(id).is_some());
+    opts.profile.covariates = wanted;
+    opts.profile.only_covariates = true;
     Ok((Some(fit(&design, &opts)?), stats))
 }
 
