@@ -1118,6 +1118,30 @@ fn profile_bounds_at_default_options() {
     }
 }
 
+/// `profile.only_covariates` (what the SCCS diagnostics use): the chosen coefficients get the
+/// profile intervals of a full profile run, bit for bit, and the others none.
+#[test]
+fn profiling_only_the_chosen_covariates_gives_their_full_run_intervals() {
+    let am = sccs_cases("sccs_amdat.csv", "am");
+    let x = sccs_design(&am, &[(1000, 15, 35), (1001, 36, 60)], &[548]);
+    let full = fit(&x, &FitOptions::new(ModelKind::ConditionalPoisson)).unwrap();
+    let mut opts = FitOptions::new(ModelKind::ConditionalPoisson);
+    opts.profile.covariates = vec![1000];
+    opts.profile.only_covariates = true;
+    let only = fit(&x, &opts).unwrap();
+    assert_eq!(only.status, FitStatus::Converged);
+    assert!(full.coefficients.len() >= 3);
+    for (f, o) in full.coefficients.iter().zip(&only.coefficients) {
+        assert_eq!(f.estimate.to_bits(), o.estimate.to_bits());
+        assert!(f.ci_lower.is_some() && f.ci_upper.is_some());
+        if o.covariate_id == 1000 {
+            assert_eq!((f.ci_lower, f.ci_upper), (o.ci_lower, o.ci_upper));
+        } else {
+            assert_eq!((o.ci_lower, o.ci_upper), (None, None), "{}", o.covariate_id);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Robust variances (issue #13 item 2).
 
