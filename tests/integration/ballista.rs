@@ -703,7 +703,8 @@ async fn assert_same_results(local_out: &Path, cluster_out: &Path) -> usize {
 /// `run --cluster`: every unit's build queries run as distributed plans and its fit on an
 /// executor (all three at once, then one at a time with `--cluster-units 1`), and every result
 /// table (estimates, attrition, covariate reference, diagnostics and the designs' extra tables)
-/// is identical to the local run's, bit for bit; resume works as locally.
+/// is identical to the local run's, bit for bit; resume works as locally. The same for the
+/// study written as SQL designs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
     let dir = test_dir("pipeline");
@@ -733,6 +734,22 @@ async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
         assert_same_results(&local_out, &cluster_out).await,
         compared
     );
+    // The same study as SQL designs: each unit's setup and queries run in its task, over the
+    // concept sets' views the client defined and sent.
+    let (local_sql, cluster_sql) = (dir.join("local_sql"), dir.join("cluster_sql"));
+    let stdout = run_pipeline("pipelines/gibleed_sql.toml", &local_sql, &[]);
+    assert!(stdout.contains("(4 computed, 0 skipped"), "{stdout}");
+    let stdout = run_pipeline(
+        "pipelines/gibleed_sql.toml",
+        &cluster_sql,
+        &["--cluster", &url],
+    );
+    assert!(
+        stdout.contains("(4 computed, 0 skipped"),
+        "{stdout}\n{}",
+        logs(&dir)
+    );
+    assert!(assert_same_results(&local_sql, &cluster_sql).await >= 16);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -420,6 +420,7 @@ fn profiles_match_refits_with_an_offset() {
         covariates: vec![3],
         include_penalty: true,
         grid: Some(vec![-1.0, -0.5, 0.0, 0.25, 0.5, 1.0]),
+        only_covariates: false,
     };
     let r = fit(&x, &o).unwrap();
     let j = 2;

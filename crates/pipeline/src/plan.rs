@@ -739,8 +739,11 @@ pub fn concept_set_sql(c: &ConceptSetSpec, table: Option<&EventTable>) -> String
         );
     }
     let t = table.unwrap_or(&EVENT_TABLES[0]);
-    let filter = match &c.concepts {
-        None => "TRUE".to_string(),
+    // With descendants, the concepts and their descendants as a set joined to the events (a
+    // semi-join written as a join with a UNION, not `IN (subquery)`, which a cluster cannot
+    // send: datafusion-proto has no subquery expressions).
+    let (join, filter) = match &c.concepts {
+        None => (String::new(), "TRUE".to_string()),
         Some(ids) => {
             let list = ids
                 .iter()
@@ -748,19 +751,28 @@ pub fn concept_set_sql(c: &ConceptSetSpec, table: Option<&EventTable>) -> String
                 .collect::<Vec<_>>()
                 .join(", ");
             if c.descendants {
-                format!(
-                    "(e.{col} IN ({list}) OR e.{col} IN (SELECT descendant_concept_id FROM concept_ancestor \
-                     WHERE ancestor_concept_id IN ({list})))",
-                    col = t.concept
+                let values = ids
+                    .iter()
+                    .map(|id| format!("({id})"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                (
+                    format!(
+                        " JOIN (SELECT column1 AS matched_id FROM (VALUES {values}) UNION \
+                         SELECT descendant_concept_id FROM concept_ancestor \
+                         WHERE ancestor_concept_id IN ({list})) AS s ON e.{col} = s.matched_id",
+                        col = t.concept
+                    ),
+                    "TRUE".to_string(),
                 )
             } else {
-                format!("e.{} IN ({list})", t.concept)
+                (String::new(), format!("e.{} IN ({list})", t.concept))
             }
         }
     };
     format!(
         "SELECT e.person_id, e.{concept} AS concept_id, e.{start} AS start_date, \
-         coalesce(e.{end}, e.{start}) AS end_date FROM {table} e WHERE {filter}",
+         coalesce(e.{end}, e.{start}) AS end_date FROM {table} e{join} WHERE {filter}",
         concept = t.concept,
         start = t.start,
         end = t.end,

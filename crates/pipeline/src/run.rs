@@ -420,7 +420,11 @@ async fn run_locked(
     }
     let run = run.to_string();
     let n = p.analyses.len();
-    // On a cluster the units to compute are sent ahead, in the order the loop below takes them.
+    // On a cluster the units to compute are sent ahead, in the order the loop below takes them;
+    // the concept sets' views (defined in `ctx` by the store check) go with them.
+    if let Some((session, _)) = cluster {
+        crate::remote::share_views(ctx, session, p).await?;
+    }
     let mut remote = cluster.map(|(session, in_flight)| {
         let todo = p
             .analyses

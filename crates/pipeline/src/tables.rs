@@ -190,9 +190,11 @@ pub async fn build_tables(ctx: &SessionContext, a: &Analysis) -> DfResult<StudyT
                 Ok::<_, datafusion::error::DataFusionError>(batches)
             };
             Ok(StudyTables {
-                outcomes: run(Some(q.outcomes.value.clone())).await?,
-                covariates: run(q.covariates.as_ref().map(|l| l.value.clone())).await?,
-                covariate_ref: run(q.covariate_ref.as_ref().map(|l| l.value.clone())).await?,
+                outcomes: canonical(run(Some(q.outcomes.value.clone())).await?)?,
+                covariates: canonical(run(q.covariates.as_ref().map(|l| l.value.clone())).await?)?,
+                covariate_ref: canonical(
+                    run(q.covariate_ref.as_ref().map(|l| l.value.clone())).await?,
+                )?,
                 attrition: run(q.attrition.as_ref().map(|l| l.value.clone())).await?,
             })
         }
@@ -204,5 +206,36 @@ pub async fn build_tables(ctx: &SessionContext, a: &Analysis) -> DfResult<StudyT
             let d = CohortDesign::from_json(&cohort_settings(a, t)?)?;
             study::build_cohort(ctx, &d).await.map(from_study)
         }
+    }
+}
+
+/// The rows of a SQL design's outcome, covariate or covariate-reference query in one order
+/// whatever order the engine returned them in (a query without `ORDER BY` may return its rows
+/// in another order on each run, with more threads, or on a cluster): sorted by every column,
+/// first to last. The fit sums over rows in their order, so this makes a unit's estimates the
+/// same to the last bit on every run. A table with a column that cannot be sorted keeps its
+/// order. (The attrition query keeps the order it asks for.)
+pub(crate) fn canonical(batches: Vec<RecordBatch>) -> DfResult<Vec<RecordBatch>> {
+    use datafusion::arrow::compute::{
+        concat_batches, lexsort_to_indices, take_record_batch, SortColumn,
+    };
+    let Some(first) = batches.first() else {
+        return Ok(batches);
+    };
+    let all = concat_batches(first.schema_ref(), &batches)?;
+    if all.num_rows() < 2 {
+        return Ok(batches);
+    }
+    let columns: Vec<SortColumn> = all
+        .columns()
+        .iter()
+        .map(|c| SortColumn {
+            values: c.clone(),
+            options: None,
+        })
+        .collect();
+    match lexsort_to_indices(&columns, None) {
+        Ok(order) => Ok(vec![take_record_batch(&all, &order)?]),
+        Err(_) => Ok(batches),
     }
 }

@@ -508,9 +508,17 @@ impl EpiExec {
             }
             Work::Task(kind, payload, names) => {
                 let runner = crate::remote_task::runner(&kind)?;
+                // A result without rows still has its query's schema (one empty batch).
+                let results = read_small(&children, &context).await?;
                 let inputs: crate::remote_task::Parts = names
                     .into_iter()
-                    .zip(read_small(&children, &context).await?)
+                    .zip(children.iter().zip(results))
+                    .map(|(name, (child, mut batches))| {
+                        if batches.is_empty() {
+                            batches.push(RecordBatch::new_empty(child.schema()));
+                        }
+                        (name, batches)
+                    })
                     .collect();
                 let parts = in_build_session(tables, study_context, &context, |ctx| {
                     runner(ctx, payload, inputs)

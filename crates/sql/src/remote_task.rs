@@ -25,6 +25,7 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{exec_datafusion_err, Result as DfResult};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 
 use crate::exec::NodeSpec;
@@ -133,27 +134,42 @@ pub fn decode(batches: &[RecordBatch]) -> DfResult<Parts> {
     Ok(out)
 }
 
-/// Run the task `kind` with `payload` on one executor of the cluster session `ctx`, which
-/// carries `ctx`'s tables to it, over the results of `inputs` ((name, SQL) pairs, planned in
-/// `ctx` and run as distributed plans); the tables the runner returned.
-pub async fn run_on_cluster(
+/// The input queries of a task `kind` ((name, SQL) pairs) planned in the cluster session
+/// `ctx` for [`run_on_cluster`]: each a distributed plan, over the tables `ctx` has now.
+pub async fn plan_inputs(
     ctx: &SessionContext,
     kind: &str,
-    payload: String,
     inputs: &[(String, String)],
-) -> DfResult<Parts> {
-    let state = ctx.state();
-    let tables = StudyInputs::from_session(&state, kind).await?;
+) -> DfResult<Vec<(String, LogicalPlan)>> {
     let queries: Vec<(&str, &str)> = inputs
         .iter()
         .map(|(name, sql)| (sql.as_str(), name.as_str()))
         .collect();
-    let plans = crate::remote::plan_build_queries(&state, kind, &queries).await?;
+    let plans = crate::remote::plan_build_queries(&ctx.state(), kind, &queries).await?;
+    Ok(inputs
+        .iter()
+        .map(|(name, _)| name.clone())
+        .zip(plans)
+        .collect())
+}
+
+/// Run the task `kind` with `payload` on one executor of the cluster session `ctx`, which
+/// carries `ctx`'s tables to it, over the results of `inputs` (named plans of
+/// [`plan_inputs`], run as distributed plans; a result with no rows arrives as one empty batch
+/// of the query's schema); the tables the runner returned.
+pub async fn run_on_cluster(
+    ctx: &SessionContext,
+    kind: &str,
+    payload: String,
+    inputs: Vec<(String, LogicalPlan)>,
+) -> DfResult<Parts> {
+    let tables = StudyInputs::from_session(&ctx.state(), kind).await?;
+    let (names, plans): (Vec<String>, Vec<LogicalPlan>) = inputs.into_iter().unzip();
     let spec = NodeSpec::Task {
         kind: kind.to_string(),
         payload,
         tables,
-        inputs: inputs.iter().map(|(name, _)| name.clone()).collect(),
+        inputs: names,
     };
     let table = PlannedEpiTable::new(spec, plans, schema());
     let batches = ctx.read_table(Arc::new(table))?.collect().await?;
