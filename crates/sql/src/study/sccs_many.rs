@@ -309,8 +309,8 @@ pub fn add_other_exposures(cases: &mut SccsCases, batches: &[RecordBatch]) -> Df
 }
 
 /// The eras of a batch of (`key`, `exposure_index`, `concept_id`, `start_day`, `end_day`)
-/// rows with their keys; a NULL start or concept id is an error naming the person
-/// (`person_of(key)`).
+/// rows with their keys (rows with a NULL key skipped); a NULL start or concept id is an error
+/// naming the person (`person_of(key)`).
 fn era_rows(
     b: &RecordBatch,
     key: &str,
@@ -322,8 +322,12 @@ fn era_rows(
     let (s, en) = (i64_column(b, "start_day")?, i64_column(b, "end_day")?);
     let mut out = Vec::with_capacity(b.num_rows());
     for i in 0..b.num_rows() {
+        // A row without its key matches no case (as in the local build's SQL join).
+        if keys.is_null(i) {
+            continue;
+        }
         let x = exposure.value(i) as usize;
-        if keys.is_null(i) || s.is_null(i) || concept.is_null(i) {
+        if s.is_null(i) || concept.is_null(i) {
             return exec_err!(
                 "exposures[{x}]: person_id {} has an era with a NULL start date or concept id",
                 person_of(keys.value(i))
