@@ -344,10 +344,7 @@ async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> DfResult<T> + Send + 'static,
 ) -> DfResult<T> {
-    SpawnedTask::spawn_blocking(work)
-        .join()
-        .await
-        .map_err(|e| exec_datafusion_err!("a pipeline unit's build task failed: {e}"))?
+    epifusion_sql::fit_table::blocking("a pipeline unit's build", work).await
 }
 
 fn run_task(

@@ -561,10 +561,7 @@ async fn read_small(
 async fn run_blocking<T: Send + 'static>(
     work: impl FnOnce() -> DfResult<T> + Send + 'static,
 ) -> DfResult<T> {
-    datafusion::common::runtime::SpawnedTask::spawn_blocking(work)
-        .join()
-        .await
-        .map_err(|e| exec_datafusion_err!("epifusion task failed: {e}"))?
+    crate::fit_table::blocking("epifusion", work).await
 }
 
 /// Run a study build, diagnostics or remote task in its session: one over the tables that a

@@ -574,11 +574,20 @@ pub async fn run_blocking<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> epifusion_core::Result<T> + Send + 'static,
 ) -> DfResult<T> {
+    blocking(what, move || work().into_df()).await
+}
+
+/// Run `work` (CPU-bound, returning a DataFusion result) on a blocking thread; a panic or
+/// cancellation of the thread is the error "`what` task failed: …". The one spawn-blocking
+/// helper of the crates (the study builds, the pipeline's cluster tasks and the fits use it).
+pub async fn blocking<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> DfResult<T> + Send + 'static,
+) -> DfResult<T> {
     datafusion::common::runtime::SpawnedTask::spawn_blocking(work)
         .join()
         .await
         .map_err(|e| exec_datafusion_err!("{what} task failed: {e}"))?
-        .into_df()
 }
 
 /// Collect, build the design, fit (on a blocking thread) and return the result batch.

@@ -116,27 +116,34 @@ pub fn all_queries(ctx: &SessionContext, d: &CohortDesign) -> DfResult<[String; 
 }
 
 /// The four tables of design `d` from the results of its [`all_queries`], as the local build
-/// ([`super::build_cohort`]) returns them (the covariates as one batch).
+/// ([`super::build_cohort`]) returns them (the covariates as one batch). The same tables as
+/// [`merge`] of each part, with the population read and the baseline covariates gathered once.
 pub fn tables_of(d: &CohortDesign, inputs: [Vec<RecordBatch>; 3]) -> DfResult<super::StudyTables> {
     let [population, covariates, named] = inputs;
-    let one = |part: Part, inputs: &[Vec<RecordBatch>]| merge(d, part, inputs).map(|b| vec![b]);
-    let pop = [population];
-    let outcomes = one(Part::Outcomes, &pop)?;
-    let attrition = one(Part::Attrition, &pop)?;
-    let [population] = pop;
-    let mut all = vec![population, covariates];
-    let covariates = one(Part::Covariates, &all)?;
-    let covariate_ref = if d.restrict_to_common_period {
-        all.push(named);
-        one(Part::CovariateRef, &all)?
+    let entries = read_entries(d, &population)?;
+    drop(population);
+    let attrition = attrition(d, &entries)?;
+    let kept: Vec<&Entry> = entries.iter().filter(|e| e.dropped_at == 0).collect();
+    let outcomes = outcome_batch(d, &kept)?;
+    let (baseline, kept_refs) = baseline_covariates(&covariates, &row_ids(&kept))?;
+    drop(covariates);
+    let (all_refs, names) = read_refs(&named)?;
+    // As `merge`: with a common period, the kept entries' covariates; without, every
+    // covariate of the reference query.
+    let refs = if d.restrict_to_common_period {
+        kept_refs
     } else {
-        one(Part::CovariateRef, &[named])?
+        all_refs
     };
+    let covariate_ref = covariate_ref_table(refs, &names)?;
+    let treatment = treatment_covariates(&kept)?;
+    let covariates =
+        datafusion::arrow::compute::concat_batches(&covariate_schema(), &[treatment, baseline])?;
     Ok(super::StudyTables {
-        outcomes,
-        covariates,
-        covariate_ref,
-        attrition,
+        outcomes: vec![outcomes],
+        covariates: vec![covariates],
+        covariate_ref: vec![covariate_ref],
+        attrition: vec![attrition],
     })
 }
 

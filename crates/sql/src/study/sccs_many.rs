@@ -261,12 +261,23 @@ async fn load_shared(
     Ok(cases)
 }
 
-/// The eras of the exposures after the first of a many-pairs design over every person
-/// (`exposure_index`, `person_id`, `concept_id`, `start_day`, `end_day`); `None` for a design
-/// of one exposure. What [`add_other_exposures`] reads when the design's queries run elsewhere
-/// (on a cluster).
+/// The eras of the exposures after the first of a many-pairs design (`exposure_index`,
+/// `person_id`, `concept_id`, `start_day`, `end_day`) of the persons with a record of the
+/// design's outcome (a superset of its cases: eras of other persons match no case); `None` for
+/// a design of one exposure. What [`add_other_exposures`] reads when the design's queries run
+/// elsewhere (on a cluster): only the eras the cases can use travel to the task. The persons
+/// are a join with the distinct outcome persons, not `IN (subquery)` (which a cluster plan
+/// cannot carry).
 pub fn other_exposures_sql(d: &SccsDesign) -> Option<String> {
-    (d.exposures.len() > 1).then(|| other_exposures_union(d))
+    (d.exposures.len() > 1).then(|| {
+        format!(
+            "SELECT r.exposure_index, r.person_id, r.concept_id, r.start_day, r.end_day \
+             FROM ({union}) AS r JOIN (SELECT DISTINCT o.person_id FROM ({outcome}) AS o) AS p \
+             ON p.person_id = r.person_id",
+            union = other_exposures_union(d),
+            outcome = d.outcome.sql(Domain::ConditionOccurrence)
+        )
+    })
 }
 
 fn other_exposures_union(d: &SccsDesign) -> String {
