@@ -6,7 +6,11 @@
 //! violation, and a fingerprint of the coefficients' bits. `threads` may list several counts
 //! (`1,2`): each repetition then fits once per count, alternating in one process, so that the
 //! counts are compared on the same memory layout and the same load (this machine's timings
-//! differ by up to 1.5× from process to process).
+//! differ by up to 1.5× from process to process). Alternating pools disturb each other, though:
+//! the idle workers of one pool spin while the other pool's fit starts, and on a 2-core machine
+//! about half the 2-thread fits of an alternating run lose their second core for part of the
+//! fit (Fine–Gray N = 1e5: 0.070 s or 0.085 s, bimodal). For the gain of a second core, run
+//! one count per process (`… fine_gray 100000 1 8`, then `… 2 8`) and compare the medians.
 //!
 //! `cargo run -p epifusion-core --release --example risk_set_speed -- [cox|fine_gray] [N] [threads] [reps]`
 

@@ -52,13 +52,17 @@ pub fn timed_fit(
         cpu_seconds().unwrap_or(0.0) - cpu0,
         t0.elapsed().as_secs_f64(),
     );
-    lik.set_beta(&result.beta);
-    let worst_kkt = (0..p)
-        .map(|j| {
-            let (g, h) = lik.gradient_hessian(j);
-            scaled_violation(priors.per_coef[j], result.beta[j], g, h)
-        })
-        .fold(0.0f64, f64::max);
+    // The check runs in the same pool (a column walk outside it would start rayon's global
+    // pool, whose idle threads then compete with the next fit's).
+    let worst_kkt = pool.install(|| {
+        lik.set_beta(&result.beta);
+        (0..p)
+            .map(|j| {
+                let (g, h) = lik.gradient_hessian(j);
+                scaled_violation(priors.per_coef[j], result.beta[j], g, h)
+            })
+            .fold(0.0f64, f64::max)
+    });
     let l1 = result.beta.iter().map(|b| b.abs()).sum();
     let nonzero = result.beta.iter().filter(|b| **b != 0.0).count();
     TimedFit {
