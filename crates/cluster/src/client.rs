@@ -60,7 +60,14 @@ pub async fn cluster_session(cluster: &str, opts: &SessionOptions) -> DfResult<S
     let planner = ClusterPlanner {
         ballista: state.query_planner().clone(),
     };
+    // Ballista's static distributed planner, not its adaptive one (module documentation of
+    // the crate: with the adaptive planner, a `UNION ALL … ORDER BY` job stalls).
+    let config = state
+        .config()
+        .clone()
+        .with_ballista_adaptive_query_planner(false);
     let state = SessionStateBuilder::new_from_existing(state)
+        .with_config(config)
         .with_query_planner(Arc::new(planner))
         .build();
     let ctx = SessionContext::new_with_state(state);

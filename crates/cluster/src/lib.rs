@@ -15,6 +15,14 @@
 //! table-function fit (`cox_fit(…)`) is one [`epifusion_sql::exec::EpiExec`]: its inputs are
 //! gathered into one partition and the fit runs on one executor.
 //!
+//! **Ballista's static planner.** Clients and nodes turn Ballista 55's adaptive query planner
+//! off (`ballista.planner.adaptive.enabled = false`; a session may set it back): with it, a
+//! job as plain as `SELECT … GROUP BY … UNION ALL SELECT … GROUP BY … ORDER BY …` never ended
+//! (the scheduler's rebuild of the last stage failed its sanity check, "does not satisfy
+//! order requirements", and the task's status was dropped), and a remote task's input with
+//! that shape arrived in the wrong order. The static planner cuts the stages once, before the
+//! job runs.
+//!
 //! **Versions.** The client declares its epifusion version in the session configuration
 //! (`epifusion.version`, [`ClusterConfig`]), which Ballista sends with every job: the scheduler
 //! refuses a job from another version and executors refuse its tasks, each with an error naming
@@ -115,7 +123,9 @@ pub fn check_version(config: &SessionConfig, node: &str) -> DfResult<()> {
 /// client's values replace these when a job arrives).
 pub fn node_config() -> SessionConfig {
     use ballista_core::extension::SessionConfigExt;
-    SessionConfig::new_with_ballista().with_option_extension(ClusterConfig::default())
+    SessionConfig::new_with_ballista()
+        .with_ballista_adaptive_query_planner(false)
+        .with_option_extension(ClusterConfig::default())
 }
 
 /// A runtime whose object stores come from the environment (`s3://`, `gs://`, `az://`,

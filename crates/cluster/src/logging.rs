@@ -48,13 +48,25 @@ impl Log for StderrLogger {
 
 static LOGGER: StderrLogger = StderrLogger;
 
-/// The level a record is written at: its own, except the scheduler's stage-metrics display (a
-/// debug aid, written at `debug` when it works), whose failure to line a stage's metrics up
-/// with its plan is logged by Ballista as an error. It says nothing about the job or its
-/// results (seen on every person-partitioned SCCS build, whose results match the local run bit
-/// for bit), so it is written at `debug` too.
+/// The level a record is written at: its own, except two messages about the scheduler's
+/// per-operator metrics, written at `debug`:
+/// * the stage-metrics display (a debug aid, written at `debug` when it works), whose failure
+///   to line a stage's metrics up with its plan is logged by Ballista as an error. It says
+///   nothing about the job or its results (seen on every person-partitioned SCCS build, whose
+///   results match the local run bit for bit);
+/// * "The metrics for stage N should not be none", a warning at every stage: epifusion's
+///   executors report no operator metrics (`node.rs`, `StageEngine`: Ballista 55's scheduler
+///   otherwise stalls jobs whose tasks report lists of different lengths).
 fn level_of(record: &Record) -> log::Level {
-    if record.target() == "ballista_scheduler::display" {
+    let demoted = match record.target() {
+        "ballista_scheduler::display" => true,
+        "ballista_scheduler::state::execution_stage" => record
+            .args()
+            .to_string()
+            .starts_with("The metrics for stage"),
+        _ => false,
+    };
+    if demoted {
         log::Level::Debug.max(record.level())
     } else {
         record.level()

@@ -5,10 +5,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ballista_core::error::BallistaError;
+use ballista_core::serde::protobuf::{
+    RuntimeStatsReport, ShuffleWritePartition, TaskColumnStats, WindowStateReport,
+};
+use ballista_core::JobId;
+use ballista_executor::execution_engine::{
+    DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor,
+};
 use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 
 use crate::codec::{ClusterLogicalCodec, ClusterPhysicalCodec};
@@ -111,6 +121,7 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<(), BallistaError> {
     }));
     config.override_logical_codec = Some(Arc::new(ClusterLogicalCodec::default()));
     config.override_physical_codec = Some(Arc::new(ClusterPhysicalCodec::default()));
+    config.override_execution_engine = Some(Arc::new(StageEngine(DefaultExecutionEngine::new())));
     let result = start_executor_process(Arc::new(config)).await;
     // Ballista has removed the jobs' shuffle data; what a task left behind goes too.
     let _ = std::fs::remove_dir_all(&shuffle_dir);
@@ -119,6 +130,84 @@ pub async fn run_executor(opts: ExecutorOptions) -> Result<(), BallistaError> {
         let _ = std::fs::remove_dir_all(&work_dir);
     }
     result
+}
+
+/// Ballista's default execution engine, whose stages report no operator metrics to the
+/// scheduler ([`NoOperatorMetrics`]).
+///
+/// Why: an executor reports the metrics of the operators of a task's plan that have some
+/// (`ballista_core::utils::collect_plan_metrics` skips an operator whose `metrics()` is
+/// `None`), and Ballista 55's scheduler keeps the first task's list as the stage's and
+/// *rejects* the status of a later task of the same stage whose list has another length
+/// ("task metrics array size 7 does not equal with the stage metrics array size 6"): that
+/// task never counts as done, so the job neither finishes nor fails. Some plans (SQL designs'
+/// joins and window queries) have operators with metrics in one task and none in another. An
+/// empty list is what the scheduler skips ("task metrics not set"), so every status is
+/// accepted; the scheduler's per-operator metrics display is all that is lost. (The default
+/// engine's Flight client pool is private to Ballista; shuffle reads open their own
+/// connections, as before Ballista had the pool.)
+struct StageEngine(DefaultExecutionEngine);
+
+impl ExecutionEngine for StageEngine {
+    fn create_query_stage_exec(
+        &self,
+        job_id: JobId,
+        stage_id: usize,
+        task_id: usize,
+        global_output_partition_ids: Vec<usize>,
+        plan: Arc<dyn ExecutionPlan>,
+        work_dir: &str,
+        config: &SessionConfig,
+    ) -> datafusion::error::Result<Arc<dyn QueryStageExecutor>> {
+        let inner = self.0.create_query_stage_exec(
+            job_id,
+            stage_id,
+            task_id,
+            global_output_partition_ids,
+            plan,
+            work_dir,
+            config,
+        )?;
+        Ok(Arc::new(NoOperatorMetrics(inner)))
+    }
+}
+
+/// A query stage that reports no operator metrics ([`StageEngine`]); everything else is the
+/// wrapped stage's.
+#[derive(Debug)]
+struct NoOperatorMetrics(Arc<dyn QueryStageExecutor>);
+
+impl std::fmt::Display for NoOperatorMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+#[async_trait::async_trait]
+impl QueryStageExecutor for NoOperatorMetrics {
+    async fn execute_query_stage(
+        &self,
+        task_id: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<Vec<ShuffleWritePartition>> {
+        self.0.execute_query_stage(task_id, context).await
+    }
+
+    fn collect_plan_metrics(&self) -> Vec<MetricsSet> {
+        Vec::new()
+    }
+
+    fn collect_runtime_stats_reports(&self) -> Vec<RuntimeStatsReport> {
+        self.0.collect_runtime_stats_reports()
+    }
+
+    fn collect_window_state_reports(&self) -> datafusion::error::Result<Vec<WindowStateReport>> {
+        self.0.collect_window_state_reports()
+    }
+
+    fn collect_column_stats(&self) -> Vec<TaskColumnStats> {
+        self.0.collect_column_stats()
+    }
 }
 
 /// `HOST:PORT` (a `df://` or `http://` prefix is accepted).

@@ -25,12 +25,17 @@
 //!   ([`epifusion_sql::study::sccs_many::add_other_exposures`]);
 //! * cohort: the population, covariate and covariate-reference queries
 //!   ([`epifusion_sql::study::cohort_parts::all_queries`]), and with `[cohort.ps]` the
-//!   population and covariate queries of the propensity-score population.
+//!   population and covariate queries of the propensity-score population;
+//! * SQL designs whose `setup` only defines views (`CREATE [OR REPLACE] VIEW`, or no setup):
+//!   the client runs the setup in the cluster session (one unit at a time: units may define
+//!   the same names differently) and plans the unit's queries there, the views inlined; the
+//!   task sorts the rows as a local build does ([`tables::canonical`]).
 //!
 //! The tables are the local build's, bit for bit. Two kinds of unit still build inside the
-//! task, from the store (as before): SQL designs (their `setup` statements and queries are the
-//! user's, run in the executor's session) and SCCS units over several exposures with
-//! `restrict_time_to_exposure` (each exposure is its own design there).
+//! task, from the store (as before): SQL designs whose setup does more than define views (a
+//! table, a setting: the user's statements run in the executor's session, then the queries)
+//! and SCCS units over several exposures with `restrict_time_to_exposure` (each exposure is
+//! its own design there).
 //!
 //! Up to `--cluster-units` units (default [`UNITS_IN_FLIGHT`]) are on the cluster at once, each
 //! as one job on one executor (a unit's fit is one model), sent in file order ([`RemoteUnits`]);
@@ -48,14 +53,14 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_datafusion_err, Result as DfResult, ScalarValue};
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{DataFrame, SessionContext};
 use serde::{Deserialize, Serialize};
 
 use epifusion_sql::remote_task::Parts;
 use epifusion_sql::study::functions::Part;
 use epifusion_sql::study::{cohort_parts, sccs_many, sccs_parts, CohortDesign, SccsDesign};
 
-use crate::plan::{self, Analysis, Design, Pipeline};
+use crate::plan::{self, Analysis, Design, Pipeline, SqlQueries};
 use crate::progress::Progress;
 use crate::run::{Fitted, Prebuilt, Staged};
 use crate::spec::Source;
@@ -192,16 +197,63 @@ pub(crate) async fn remote_stage(
         tag: tag.to_string(),
     };
     let payload = serde_json::to_string(&task).map_err(|e| crate::run::analysis_err(a, e))?;
+    let mut attrition = None;
     let inputs = {
+        // A SQL unit's views are defined, and its queries planned over them, under the lock;
+        // its attrition query is planned there too, and run by the client.
+        let sql_setup = match (&a.design, unit_build(a)) {
+            (Design::Sql(q), Ok(UnitBuild::Sql)) => Some(q),
+            _ => None,
+        };
+        let _views = match sql_setup {
+            Some(q) => {
+                let guard = SQL_SETUP.lock().await;
+                plan::run_setup(cluster, q, &p.source).await?;
+                if let Some(sql) = &q.attrition {
+                    attrition = Some(
+                        cluster
+                            .sql(&sql.value)
+                            .await
+                            .map_err(|e| crate::run::analysis_err(a, e))?,
+                    );
+                }
+                Some(guard)
+            }
+            None => None,
+        };
         let sqls = unit_inputs(cluster, a).map_err(|e| crate::run::analysis_err(a, e))?;
         epifusion_sql::remote_task::plan_inputs(cluster, TASK, &sqls)
             .await
             .map_err(|e| crate::run::analysis_err(a, format!("on the cluster: {e}")))?
     };
-    let parts = epifusion_sql::remote_task::run_on_cluster(cluster, TASK, payload, inputs)
-        .await
-        .map_err(|e| crate::run::analysis_err(a, format!("on the cluster: {e}")))?;
-    decode_staged(parts).map_err(|e| crate::run::analysis_err(a, e))
+    let on_cluster = |e| crate::run::analysis_err(a, format!("on the cluster: {e}"));
+    let task = epifusion_sql::remote_task::run_on_cluster(cluster, TASK, payload, inputs);
+    let (parts, attrition) = match attrition {
+        Some(df) => {
+            let (parts, rows) = futures::join!(task, client_attrition(df, a));
+            (parts.map_err(on_cluster)?, Some(rows.map_err(on_cluster)?))
+        }
+        None => (task.await.map_err(on_cluster)?, None),
+    };
+    let mut staged = decode_staged(parts).map_err(|e| crate::run::analysis_err(a, e))?;
+    if let Some(rows) = attrition {
+        staged.fitted.attrition = rows;
+    }
+    Ok(staged)
+}
+
+/// The attrition table of SQL unit `a` from its planned attrition query `df` (run by the
+/// client as a query of its own: the rows keep the query's `ORDER BY`, which a task's input
+/// on Ballista 55 may lose — partitions of a sorted union read one after the other), as the
+/// unit's stage writes it ([`crate::run`]: `analysis_id` first). An empty result keeps its
+/// schema.
+async fn client_attrition(df: DataFrame, a: &Analysis) -> DfResult<Vec<RecordBatch>> {
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let mut batches = df.collect().await?;
+    if batches.is_empty() {
+        batches.push(RecordBatch::new_empty(schema));
+    }
+    crate::run::prepend(&batches, &[("analysis_id", Some(a.id.clone()))])
 }
 
 /// The input queries' names (the SCCS build's, the other exposures' eras, the cohort build's
@@ -214,6 +266,9 @@ const COHORT_QUERIES: [&str; 3] = [
     "cohort:covariate_ref",
 ];
 const PS_QUERIES: [&str; 2] = ["ps:population", "ps:covariates"];
+/// A SQL design's queries are `sql:outcomes`, `sql:covariates`, `sql:attrition` and
+/// `sql:covariate_ref` ([`SqlQueries::tables`]).
+const SQL_PREFIX: &str = "sql:";
 
 /// How a unit's study build runs on a cluster (module documentation).
 enum UnitBuild {
@@ -222,6 +277,9 @@ enum UnitBuild {
     SccsMany(SccsDesign),
     /// A cohort design, from its three queries (and its propensity-score population's).
     Cohort(CohortDesign),
+    /// A SQL design whose `setup` only defines views (or that has none): its queries, planned
+    /// by the client after its setup ran in the cluster session.
+    Sql,
     /// Built inside the task, from the store.
     InTask,
 }
@@ -243,11 +301,37 @@ fn unit_build(a: &Analysis) -> DfResult<UnitBuild> {
         Design::Cohort(t) => {
             UnitBuild::Cohort(CohortDesign::from_json(&tables::cohort_settings(a, t)?)?)
         }
-        // The setup and queries are the user's: run in the task's session (see the module
-        // documentation).
+        // A setup that only defines views runs in the client's cluster session (the views
+        // are inlined into the queries' plans); any other statement (a table, an insert, a
+        // setting) runs in the task's session, with the queries (module documentation).
+        Design::Sql(q) if setup_only_views(q) => UnitBuild::Sql,
         Design::Sql(_) => UnitBuild::InTask,
     })
 }
+
+/// Whether every statement of `q`'s `setup` is a `CREATE [OR REPLACE] VIEW` (not
+/// materialized); true without a setup. A setup that does not parse is left to the task, which
+/// reports its error as a local run does.
+fn setup_only_views(q: &SqlQueries) -> bool {
+    use datafusion::sql::parser::{DFParser, Statement};
+    use datafusion::sql::sqlparser::ast::Statement as Sql;
+    let Some(setup) = &q.setup else {
+        return true;
+    };
+    epifusion_sql::shell::split_statements(&setup.value)
+        .iter()
+        .all(|stmt| match DFParser::parse_sql(stmt) {
+            Ok(parsed) => parsed.iter().all(|s| {
+                matches!(s, Statement::Statement(b)
+                    if matches!(b.as_ref(), Sql::CreateView(v) if !v.materialized))
+            }),
+            Err(_) => false,
+        })
+}
+
+/// Held while a SQL unit's `setup` runs in the cluster session and its queries are planned
+/// there: units on the cluster at once may define the same view names differently.
+static SQL_SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The input queries of unit `a`'s task, (name, SQL), to plan in the cluster session `ctx`
 /// (module documentation); none for a unit built inside its task.
@@ -268,6 +352,16 @@ fn unit_inputs(ctx: &SessionContext, a: &Analysis) -> DfResult<Vec<(String, Stri
             &COHORT_QUERIES,
             cohort_parts::all_queries(ctx, &d)?.to_vec(),
         ),
+        // The attrition query is the client's ([`remote_stage`]).
+        UnitBuild::Sql => match &a.design {
+            Design::Sql(q) => q
+                .tables()
+                .into_iter()
+                .filter(|(name, _)| *name != "attrition")
+                .map(|(name, sql)| (format!("{SQL_PREFIX}{name}"), sql.value.clone()))
+                .collect(),
+            _ => Vec::new(),
+        },
         UnitBuild::InTask => Vec::new(),
     };
     if let Some(ps) = crate::cohort_adjust::ps_design(a)? {
@@ -315,6 +409,35 @@ async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
             let queries = [p?, c?, r?];
             let t = blocking(move || cohort_parts::tables_of(&d, queries)).await?;
             out.tables = Some(tables::from_study(t));
+        }
+        UnitBuild::Sql => {
+            if let Design::Sql(q) = &a.design {
+                // As `tables::build_tables`: the rows in one order, the attrition in its own;
+                // a query the design lacks gives no batches.
+                let mut get = |name: &str, present: bool| {
+                    if present {
+                        take(&format!("{SQL_PREFIX}{name}"))
+                    } else {
+                        Ok(Vec::new())
+                    }
+                };
+                let outcomes = get("outcomes", true)?;
+                let covariates = get("covariates", q.covariates.is_some())?;
+                let covariate_ref = get("covariate_ref", q.covariate_ref.is_some())?;
+                // The attrition comes from the client (`remote_stage`), which replaces what
+                // the stage makes of none.
+                out.tables = Some(
+                    blocking(move || {
+                        Ok(StudyTables {
+                            outcomes: tables::canonical(outcomes)?,
+                            covariates: tables::canonical(covariates)?,
+                            covariate_ref: tables::canonical(covariate_ref)?,
+                            attrition: Vec::new(),
+                        })
+                    })
+                    .await?,
+                );
+            }
         }
         UnitBuild::InTask => {}
     }
@@ -495,6 +618,7 @@ fn decode_staged(parts: epifusion_sql::remote_task::Parts) -> DfResult<Staged> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Located;
     use datafusion::arrow::array::Int64Array;
 
     /// A staged table without the columns that time the run.
@@ -539,12 +663,14 @@ mod tests {
     async fn units_staged_from_their_input_queries_match_the_local_build() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let store = root.join("data/gibleed").display().to_string();
-        let (mut many, mut cohort, mut ps) = (0, 0, 0);
+        let (mut many, mut cohort, mut ps, mut sql) = (0, 0, 0, 0);
         // gibleed.toml: two cohort units and an SCCS unit over two exposures; cohort.toml:
-        // its propensity-score unit (its other units are gibleed's with cross-validation).
+        // its propensity-score unit (its other units are gibleed's with cross-validation);
+        // gibleed_sql.toml: SQL designs whose setups define views.
         for (file, only_ps) in [
             ("pipelines/gibleed.toml", false),
             ("pipelines/cohort.toml", true),
+            ("pipelines/gibleed_sql.toml", false),
         ] {
             let p = plan::load(&root.join(file), Some(&store), Some("unused")).unwrap();
             let ctx =
@@ -560,12 +686,18 @@ mod tests {
                 if only_ps && !has_ps {
                     continue;
                 }
-                let inputs = unit_inputs(&ctx, a).unwrap();
-                match unit_build(a).unwrap() {
-                    UnitBuild::SccsMany(_) => many += 1,
-                    UnitBuild::Cohort(_) => cohort += 1,
-                    UnitBuild::InTask => continue,
+                match (unit_build(a).unwrap(), &a.design) {
+                    (UnitBuild::SccsMany(_), _) => many += 1,
+                    (UnitBuild::Cohort(_), _) => cohort += 1,
+                    (UnitBuild::Sql, Design::Sql(q)) => {
+                        // As `remote_stage`: the setup's views, then the queries.
+                        plan::run_setup(&ctx, q, &p.source).await.unwrap();
+                        sql += 1;
+                    }
+                    (UnitBuild::Sql, _) => panic!("{}: a SQL build of another design", a.id),
+                    (UnitBuild::InTask, _) => continue,
                 }
+                let inputs = unit_inputs(&ctx, a).unwrap();
                 assert!(!inputs.is_empty(), "{file}: {}", a.id);
                 if has_ps {
                     ps += 1;
@@ -577,7 +709,14 @@ mod tests {
                 }
                 let local = stage_alone(&ctx, &p, a, Prebuilt::default()).await;
                 let prebuilt = prebuilt_of(a, parts).await.unwrap();
-                let built = stage_alone(&ctx, &p, a, prebuilt).await;
+                let mut built = stage_alone(&ctx, &p, a, prebuilt).await;
+                if let (Design::Sql(q), UnitBuild::Sql) = (&a.design, unit_build(a).unwrap()) {
+                    if let Some(sql) = &q.attrition {
+                        // The client's attrition (`remote_stage`).
+                        let df = ctx.sql(&sql.value).await.unwrap();
+                        built.fitted.attrition = client_attrition(df, a).await.unwrap();
+                    }
+                }
                 let what = format!("{file}: {}", a.id);
                 for (name, l, b) in [
                     (
@@ -614,10 +753,40 @@ mod tests {
             }
         }
         assert!(many >= 1, "{many} SCCS units");
+        assert!(sql >= 3, "{sql} SQL units");
         assert!(
             cohort >= 3 && ps >= 1,
             "{cohort} cohort units, {ps} with ps"
         );
+    }
+
+    /// Only a setup of plain views (or none) is run by the client.
+    #[test]
+    fn only_view_setups_run_in_the_client_session() {
+        let located = |text: &str| Located {
+            value: text.to_string(),
+            span: 0..0,
+            key: "sql.setup".into(),
+        };
+        let q = |setup: Option<&str>| SqlQueries {
+            setup: setup.map(located),
+            outcomes: located("SELECT 1"),
+            covariates: None,
+            attrition: None,
+            covariate_ref: None,
+        };
+        assert!(setup_only_views(&q(None)));
+        assert!(setup_only_views(&q(Some(
+            "CREATE VIEW a AS SELECT 1 AS x; CREATE OR REPLACE VIEW b AS SELECT x FROM a;"
+        ))));
+        for not_only in [
+            "CREATE VIEW a AS SELECT 1 AS x; CREATE TABLE b AS SELECT 2 AS y;",
+            "SET datafusion.execution.batch_size = 10",
+            "CREATE MATERIALIZED VIEW a AS SELECT 1",
+            "CREATE VIEW a AS SELEC 1",
+        ] {
+            assert!(!setup_only_views(&q(Some(not_only))), "{not_only}");
+        }
     }
 
     fn batch(v: Vec<i64>) -> RecordBatch {

@@ -28,7 +28,9 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{exec_datafusion_err, plan_datafusion_err, Result as DfResult};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::{
+    Distribution, EquivalenceProperties, LexOrdering, OrderingRequirements, PhysicalExpr,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -212,6 +214,11 @@ pub struct EpiExec {
     /// An SCCS pieces node: the global part of the build, computed once for all of this
     /// instance's partitions (its small inputs run once).
     global: SharedGlobal,
+    /// The children's output orderings when the node was planned: a remote task requires them
+    /// of its inputs ([`ExecutionPlan::required_input_ordering`]), so that a query's `ORDER BY`
+    /// reaches the task (an SQL design's attrition) instead of being dropped as unneeded, and
+    /// its partitions are merged in order rather than concatenated.
+    input_orderings: Vec<Option<LexOrdering>>,
 }
 
 /// The global part of a partitioned SCCS build, shared by one node's partitions.
@@ -288,6 +295,10 @@ impl EpiExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
+        let input_orderings = children
+            .iter()
+            .map(|c| c.output_ordering().cloned())
+            .collect();
         Ok(EpiExec {
             spec,
             work,
@@ -297,6 +308,7 @@ impl EpiExec {
             study_context,
             properties,
             global: SharedGlobal::default(),
+            input_orderings,
         })
     }
 
@@ -647,6 +659,17 @@ impl ExecutionPlan for EpiExec {
         vec![false; self.children.len()]
     }
 
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        match self.work {
+            Work::Task(..) => self
+                .input_orderings
+                .iter()
+                .map(|o| o.clone().map(OrderingRequirements::from))
+                .collect(),
+            _ => vec![None; self.children.len()],
+        }
+    }
+
     fn apply_expressions(
         &self,
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
@@ -658,12 +681,18 @@ impl ExecutionPlan for EpiExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(EpiExec::try_new(
+        let mut node = EpiExec::try_new(
             self.spec.clone(),
             children,
             self.projection.clone(),
             self.study_context.clone(),
-        )?))
+        )?;
+        // The orderings the node was planned with stay its requirement (an optimizer that
+        // swaps a child keeps its order, or adds a sort for it).
+        if node.input_orderings.len() == self.input_orderings.len() {
+            node.input_orderings = self.input_orderings.clone();
+        }
+        Ok(Arc::new(node))
     }
 
     fn execute(
