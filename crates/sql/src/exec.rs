@@ -215,9 +215,11 @@ pub struct EpiExec {
     /// instance's partitions (its small inputs run once).
     global: SharedGlobal,
     /// The children's output orderings when the node was planned: a remote task requires them
-    /// of its inputs ([`ExecutionPlan::required_input_ordering`]), so that a query's `ORDER BY`
-    /// reaches the task (an SQL design's attrition) instead of being dropped as unneeded, and
-    /// its partitions are merged in order rather than concatenated.
+    /// of its inputs ([`ExecutionPlan::required_input_ordering`]), so that the optimizer keeps
+    /// a query's `ORDER BY` (a sort under a node that needs no order is dropped as unneeded)
+    /// and merges its partitions in order rather than concatenating them. (Ballista 55 can
+    /// still concatenate the sorted partitions of a `UNION ALL … ORDER BY` stage: the pipeline
+    /// runs a SQL design's attrition query on the client, `crates/pipeline/src/remote.rs`.)
     input_orderings: Vec<Option<LexOrdering>>,
 }
 
