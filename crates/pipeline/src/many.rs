@@ -191,7 +191,7 @@ pub(crate) async fn outcome_stage(
     tag: &str,
     progress: &Progress,
     era_cache: &study::ExposureEraCache,
-    prebuilt: Option<study::sccs::SccsCases>,
+    prebuilt: Option<crate::run::PrebuiltCases>,
 ) -> Result<Staged, PipelineError> {
     let t0 = Instant::now();
     let n = a.exposures.len();
@@ -201,7 +201,12 @@ pub(crate) async fn outcome_stage(
     let pairs: Vec<Analysis> = a.exposures.iter().map(|e| pair(a, e)).collect();
     let d = outcome_design(a, &pairs).map_err(|e| analysis_err(a, e))?;
     let built = match prebuilt {
-        Some(shared) => study::sccs_many::each_exposure_of_shared(&d, shared).await,
+        Some(crate::run::PrebuiltCases::Shared(shared)) => {
+            study::sccs_many::each_exposure_of_shared(&d, shared).await
+        }
+        Some(crate::run::PrebuiltCases::EachExposure(own)) => {
+            study::sccs_many::each_exposure_of_own(&d, own).await
+        }
         None => study::build_sccs_each_exposure_with_cases(ctx, &d, Some(era_cache)).await,
     };
     let (tables, exposure_cases) = built.map_err(|e| analysis_err(a, e))?;

@@ -21,8 +21,11 @@
 //! * SCCS (a unit is one outcome over every exposure of its analysis): the four queries of the
 //!   partitioned build ([`epifusion_sql::study::sccs_parts::split_queries`]) for the first
 //!   exposure, gathered into the case data ([`epifusion_sql::study::sccs_parts::gathered`]),
-//!   plus one query of the other exposures' eras
-//!   ([`epifusion_sql::study::sccs_many::add_other_exposures`]);
+//!   plus one query of the other exposures' eras of the persons with the outcome
+//!   ([`epifusion_sql::study::sccs_many::add_other_exposures`]); with
+//!   `restrict_time_to_exposure` (each exposure its own study period, so its own population),
+//!   the four queries of each exposure's own design, gathered into each exposure's case data
+//!   ([`epifusion_sql::study::sccs_many::each_exposure_of_own`]);
 //! * cohort: the population, covariate and covariate-reference queries
 //!   ([`epifusion_sql::study::cohort_parts::all_queries`]), and with `[cohort.ps]` the
 //!   population and covariate queries of the propensity-score population;
@@ -31,11 +34,9 @@
 //!   the same names differently) and plans the unit's queries there, the views inlined; the
 //!   task sorts the rows as a local build does ([`tables::canonical`]).
 //!
-//! The tables are the local build's, bit for bit. Two kinds of unit still build inside the
+//! The tables are the local build's, bit for bit. One kind of unit still builds inside the
 //! task, from the store (as before): SQL designs whose setup does more than define views (a
-//! table, a setting: the user's statements run in the executor's session, then the queries)
-//! and SCCS units over several exposures with `restrict_time_to_exposure` (each exposure is
-//! its own design there).
+//! table, a setting: the user's statements run in the executor's session, then the queries).
 //!
 //! Up to `--cluster-units` units (default [`UNITS_IN_FLIGHT`]) are on the cluster at once, each
 //! as one job on one executor (a unit's fit is one model), sent in file order ([`RemoteUnits`]);
@@ -62,7 +63,7 @@ use epifusion_sql::study::{cohort_parts, sccs_many, sccs_parts, CohortDesign, Sc
 
 use crate::plan::{self, Analysis, Design, Pipeline, SqlQueries};
 use crate::progress::Progress;
-use crate::run::{Fitted, Prebuilt, Staged};
+use crate::run::{Fitted, Prebuilt, PrebuiltCases, Staged};
 use crate::spec::Source;
 use crate::tables::{self, StudyTables};
 use crate::{many, PipelineError};
@@ -260,6 +261,12 @@ async fn client_attrition(df: DataFrame, a: &Analysis) -> DfResult<Vec<RecordBat
 /// and the propensity-score population's).
 const SCCS_QUERIES: [&str; 4] = ["sccs:cases", "sccs:outcomes", "sccs:concepts", "sccs:rows"];
 const OTHER_EXPOSURES: &str = "sccs:other_exposures";
+
+/// The name of query `name` of exposure `x`'s own design (a unit with
+/// `restrict_time_to_exposure`): `sccs:cases` → `sccs2:cases`.
+fn each_name(x: usize, name: &str) -> String {
+    name.replacen("sccs:", &format!("sccs{x}:"), 1)
+}
 const COHORT_QUERIES: [&str; 3] = [
     "cohort:population",
     "cohort:covariates",
@@ -275,6 +282,9 @@ enum UnitBuild {
     /// An SCCS unit (one outcome, every exposure of its analysis): its first exposure's four
     /// queries and the others' eras.
     SccsMany(SccsDesign),
+    /// An SCCS unit with `restrict_time_to_exposure`: the four queries of each exposure's own
+    /// design ([`sccs_many::single_exposure_design`]).
+    SccsEach(SccsDesign),
     /// A cohort design, from its three queries (and its propensity-score population's).
     Cohort(CohortDesign),
     /// A SQL design whose `setup` only defines views (or that has none): its queries, planned
@@ -293,7 +303,7 @@ fn unit_build(a: &Analysis) -> DfResult<UnitBuild> {
             let pairs: Vec<Analysis> = a.exposures.iter().map(|e| many::pair(a, e)).collect();
             let d = many::outcome_design(a, &pairs)?;
             if d.restrict_time_to_exposure.is_some() {
-                UnitBuild::InTask
+                UnitBuild::SccsEach(d)
             } else {
                 UnitBuild::SccsMany(d)
             }
@@ -345,6 +355,16 @@ fn unit_inputs(ctx: &SessionContext, a: &Analysis) -> DfResult<Vec<(String, Stri
             let mut q = named(&SCCS_QUERIES, sccs_parts::split_queries(&first)?.to_vec());
             if let Some(sql) = sccs_many::other_exposures_sql(&d) {
                 q.push((OTHER_EXPOSURES.to_string(), sql));
+            }
+            q
+        }
+        UnitBuild::SccsEach(d) => {
+            let mut q = Vec::new();
+            for x in 0..d.exposures.len() {
+                let dx = sccs_many::single_exposure_design(&d, x);
+                for (name, sql) in SCCS_QUERIES.iter().zip(sccs_parts::split_queries(&dx)?) {
+                    q.push((each_name(x, name), sql));
+                }
             }
             q
         }
@@ -402,7 +422,17 @@ async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
                 Ok(cases)
             })
             .await?;
-            out.sccs_cases = Some(cases);
+            out.sccs_cases = Some(PrebuiltCases::Shared(cases));
+        }
+        UnitBuild::SccsEach(d) => {
+            let mut own = Vec::with_capacity(d.exposures.len());
+            for x in 0..d.exposures.len() {
+                let [c, o, k, r] = SCCS_QUERIES.map(|name| take(&each_name(x, name)));
+                let (c, o, k, r) = (c?, o?, k?, r?);
+                let dx = sccs_many::single_exposure_design(&d, x);
+                own.push(blocking(move || sccs_parts::gathered(&dx, &c, &o, &k, &r)).await?);
+            }
+            out.sccs_cases = Some(PrebuiltCases::EachExposure(own));
         }
         UnitBuild::Cohort(d) => {
             let [p, c, r] = COHORT_QUERIES.map(&mut take);
@@ -657,22 +687,40 @@ mod tests {
 
     /// Every unit of the bundled design pipelines staged from the results of its task's input
     /// queries (what a cluster task receives; here run in a local session) gives the tables of
-    /// the unit built from the store, bit for bit: SCCS units over several exposures, cohort
-    /// units with and without a propensity-score population.
+    /// the unit built from the store, bit for bit: SCCS units over several exposures (also with
+    /// `restrict_time_to_exposure`), cohort units with and without a propensity-score
+    /// population, SQL designs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn units_staged_from_their_input_queries_match_the_local_build() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let store = root.join("data/gibleed").display().to_string();
-        let (mut many, mut cohort, mut ps, mut sql) = (0, 0, 0, 0);
+        let (mut many, mut each, mut cohort, mut ps, mut sql) = (0, 0, 0, 0, 0);
+        // gibleed.toml with `restrict_time_to_exposure` (each exposure's own population).
+        let restricted = std::env::temp_dir().join(format!(
+            "epifusion_restricted_{}.toml",
+            std::process::id()
+        ));
+        let text = std::fs::read_to_string(root.join("pipelines/gibleed.toml")).unwrap();
+        assert!(text.contains("[analysis.sccs]\n"));
+        std::fs::write(
+            &restricted,
+            text.replace(
+                "[analysis.sccs]\n",
+                "[analysis.sccs]\nrestrict_time_to_exposure = 0\n",
+            ),
+        )
+        .unwrap();
         // gibleed.toml: two cohort units and an SCCS unit over two exposures; cohort.toml:
         // its propensity-score unit (its other units are gibleed's with cross-validation);
         // gibleed_sql.toml: SQL designs whose setups define views.
-        for (file, only_ps) in [
-            ("pipelines/gibleed.toml", false),
-            ("pipelines/cohort.toml", true),
-            ("pipelines/gibleed_sql.toml", false),
+        for (path, only_ps) in [
+            (root.join("pipelines/gibleed.toml"), false),
+            (root.join("pipelines/cohort.toml"), true),
+            (root.join("pipelines/gibleed_sql.toml"), false),
+            (restricted.clone(), false),
         ] {
-            let p = plan::load(&root.join(file), Some(&store), Some("unused")).unwrap();
+            let file = path.display().to_string();
+            let p = plan::load(&path, Some(&store), Some("unused")).unwrap();
             let ctx =
                 epifusion_sql::session::new_session(&epifusion_sql::session::SessionOptions {
                     omop: Some(p.omop.clone()),
@@ -688,6 +736,7 @@ mod tests {
                 }
                 match (unit_build(a).unwrap(), &a.design) {
                     (UnitBuild::SccsMany(_), _) => many += 1,
+                    (UnitBuild::SccsEach(_), _) => each += 1,
                     (UnitBuild::Cohort(_), _) => cohort += 1,
                     (UnitBuild::Sql, Design::Sql(q)) => {
                         // As `remote_stage`: the setup's views, then the queries.
@@ -752,7 +801,9 @@ mod tests {
                 }
             }
         }
+        let _ = std::fs::remove_file(&restricted);
         assert!(many >= 1, "{many} SCCS units");
+        assert!(each >= 1, "{each} SCCS units restricted to each exposure");
         assert!(sql >= 3, "{sql} SQL units");
         assert!(
             cohort >= 3 && ps >= 1,

@@ -804,10 +804,19 @@ pub(crate) struct Staged {
 pub(crate) struct Prebuilt {
     /// The study tables of a unit of one fit.
     pub(crate) tables: Option<StudyTables>,
-    /// The shared case data of an SCCS unit of one outcome over several exposures.
-    pub(crate) sccs_cases: Option<epifusion_sql::study::sccs::SccsCases>,
+    /// The case data of an SCCS unit of one outcome over several exposures.
+    pub(crate) sccs_cases: Option<PrebuiltCases>,
     /// The propensity-score population's tables of a cohort unit with `[cohort.ps]`.
     pub(crate) ps: Option<StudyTables>,
+}
+
+/// The case data of an SCCS unit of one outcome over several exposures, built elsewhere.
+pub(crate) enum PrebuiltCases {
+    /// Shared by the exposures (their eras in the cases).
+    Shared(epifusion_sql::study::sccs::SccsCases),
+    /// With `restrict_time_to_exposure`: each exposure's own population, in the order of the
+    /// unit's exposures.
+    EachExposure(Vec<epifusion_sql::study::sccs::SccsCases>),
 }
 
 /// Build and fit the unit `a` in `ctx` (a unit of one fit, or of one outcome over several

@@ -1371,13 +1371,20 @@ pub async fn load_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCas
 
 /// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
 pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyTables> {
+    tables_of_cases(load_sccs(ctx, d).await?).await
+}
+
+/// The study tables of a design from its study population and case data ([`load_sccs`], or
+/// [`super::sccs_parts::gathered`] from the design's distributed queries): what
+/// [`build_sccs`] returns.
+pub async fn tables_of_cases(cases: SccsCases) -> DfResult<StudyTables> {
     let SccsCases {
         kept,
         data,
         plan,
         mut refs,
         mut attrition,
-    } = load_sccs(ctx, d).await?;
+    } = cases;
     let kept_meta: Vec<(i64, Option<i64>)> = kept
         .iter()
         .map(|c| (c.person_id, c.observation_period_id))

@@ -81,27 +81,23 @@ pub struct ExposureCases {
 }
 
 /// [`build_sccs_each_exposure`], also returning each exposure's case data (shared between the
-/// exposures; with `restrict_time_to_exposure`, each exposure's own population is loaded once
-/// more for it). With `eras`, the other exposures' eras are read from the store once for every
-/// design that asks with the same concept sets (see [`ExposureEraCache`]).
+/// exposures; with `restrict_time_to_exposure`, each exposure's own population, loaded once
+/// for its tables and its case data: [`each_exposure_of_own`]). With `eras`, the other
+/// exposures' eras are read from the store once for every design that asks with the same
+/// concept sets (see [`ExposureEraCache`]).
 pub async fn build_sccs_each_exposure_with_cases(
     ctx: &SessionContext,
     d: &SccsDesign,
     eras: Option<&ExposureEraCache>,
 ) -> DfResult<(Vec<StudyTables>, Vec<ExposureCases>)> {
     d.check()?;
-    let mut tables = Vec::with_capacity(d.exposures.len());
-    let mut cases = Vec::with_capacity(d.exposures.len());
     if d.restrict_time_to_exposure.is_some() {
+        // Each exposure's own population, read once (its tables and its case data).
+        let mut own = Vec::with_capacity(d.exposures.len());
         for x in 0..d.exposures.len() {
-            let dx = single_exposure_design(d, x);
-            tables.push(super::build_sccs(ctx, &dx).await?);
-            cases.push(ExposureCases {
-                cases: Arc::new(load_sccs(ctx, &dx).await?),
-                exposure: 0,
-            });
+            own.push(load_sccs(ctx, &single_exposure_design(d, x)).await?);
         }
-        return Ok((tables, cases));
+        return each_exposure_of_own(d, own).await;
     }
     each_exposure_of_shared(d, load_shared(ctx, d, eras).await?).await
 }
@@ -376,6 +372,33 @@ pub async fn each_exposure_of_shared(
         });
     }
     Ok((tables, cases))
+}
+
+/// [`build_sccs_each_exposure_with_cases`] of a design with `restrict_time_to_exposure` from
+/// each exposure's own study population and case data (`cases[x]`: [`load_sccs`] of
+/// [`single_exposure_design`]`(d, x)`, or [`super::sccs_parts::gathered`] from that design's
+/// distributed queries), in the order of `d.exposures`: the same tables and case data.
+pub async fn each_exposure_of_own(
+    d: &SccsDesign,
+    cases: Vec<SccsCases>,
+) -> DfResult<(Vec<StudyTables>, Vec<ExposureCases>)> {
+    if cases.len() != d.exposures.len() {
+        return exec_err!(
+            "sccs: {} exposures, case data of {}",
+            d.exposures.len(),
+            cases.len()
+        );
+    }
+    let mut tables = Vec::with_capacity(cases.len());
+    let mut out = Vec::with_capacity(cases.len());
+    for c in cases {
+        tables.push(super::sccs::tables_of_cases(c.clone()).await?);
+        out.push(ExposureCases {
+            cases: Arc::new(c),
+            exposure: 0,
+        });
+    }
+    Ok((tables, out))
 }
 
 /// The design of a many-pairs design's first exposure alone: the study population and case
