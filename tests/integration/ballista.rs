@@ -723,7 +723,8 @@ async fn assert_same_results(local_out: &Path, cluster_out: &Path) -> usize {
 /// executor (all three at once, then one at a time with `--cluster-units 1`), and every result
 /// table (estimates, attrition, covariate reference, diagnostics and the designs' extra tables)
 /// is identical to the local run's, bit for bit; resume works as locally. The same for the
-/// study written as SQL designs.
+/// study written as SQL designs (distributed, and built in the task when a setup does more than
+/// define views) and for its SCCS analysis with `restrict_time_to_exposure`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
     let dir = test_dir("pipeline");
@@ -804,6 +805,33 @@ async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
         logs(&dir)
     );
     assert!(assert_same_results(&local_set, &cluster_set).await >= 16);
+    // The SCCS analysis with `restrict_time_to_exposure` (each exposure's own study period, so
+    // its own population): each exposure's build queries run distributed.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/gibleed.toml"),
+    )
+    .unwrap();
+    assert!(text.contains("[analysis.sccs]\n"));
+    let restricted = dir.join("gibleed_restricted.toml");
+    std::fs::write(
+        &restricted,
+        text.replace(
+            "[analysis.sccs]\n",
+            "[analysis.sccs]\nrestrict_time_to_exposure = 0\n",
+        ),
+    )
+    .unwrap();
+    let file = restricted.display().to_string();
+    let (local_r, cluster_r) = (dir.join("local_restricted"), dir.join("cluster_restricted"));
+    let stdout = run_pipeline(&file, &local_r, &["--omop", &omop]);
+    assert!(stdout.contains("(3 computed, 0 skipped"), "{stdout}");
+    let stdout = run_pipeline(&file, &cluster_r, &["--omop", &omop, "--cluster", &url]);
+    assert!(
+        stdout.contains("(3 computed, 0 skipped"),
+        "{stdout}\n{}",
+        logs(&dir)
+    );
+    assert!(assert_same_results(&local_r, &cluster_r).await >= 12);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

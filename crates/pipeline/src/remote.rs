@@ -696,10 +696,8 @@ mod tests {
         let store = root.join("data/gibleed").display().to_string();
         let (mut many, mut each, mut cohort, mut ps, mut sql) = (0, 0, 0, 0, 0);
         // gibleed.toml with `restrict_time_to_exposure` (each exposure's own population).
-        let restricted = std::env::temp_dir().join(format!(
-            "epifusion_restricted_{}.toml",
-            std::process::id()
-        ));
+        let restricted =
+            std::env::temp_dir().join(format!("epifusion_restricted_{}.toml", std::process::id()));
         let text = std::fs::read_to_string(root.join("pipelines/gibleed.toml")).unwrap();
         assert!(text.contains("[analysis.sccs]\n"));
         std::fs::write(
