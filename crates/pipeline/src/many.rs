@@ -202,7 +202,7 @@ pub(crate) async fn outcome_stage(
     let d = outcome_design(a, &pairs).map_err(|e| analysis_err(a, e))?;
     let built = match prebuilt {
         Some(crate::run::PrebuiltCases::Shared(shared)) => {
-            study::sccs_many::each_exposure_of_shared(&d, shared).await
+            study::sccs_many::each_exposure_of_shared(&d, *shared).await
         }
         Some(crate::run::PrebuiltCases::EachExposure(own)) => {
             study::sccs_many::each_exposure_of_own(&d, own).await

@@ -273,8 +273,8 @@ const COHORT_QUERIES: [&str; 3] = [
     "cohort:covariate_ref",
 ];
 const PS_QUERIES: [&str; 2] = ["ps:population", "ps:covariates"];
-/// A SQL design's queries are `sql:outcomes`, `sql:covariates`, `sql:attrition` and
-/// `sql:covariate_ref` ([`SqlQueries::tables`]).
+/// A SQL design's task inputs are `sql:outcomes`, `sql:covariates` and `sql:covariate_ref`
+/// ([`SqlQueries::tables`]; the attrition query is the client's, [`remote_stage`]).
 const SQL_PREFIX: &str = "sql:";
 
 /// How a unit's study build runs on a cluster (module documentation).
@@ -422,7 +422,7 @@ async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
                 Ok(cases)
             })
             .await?;
-            out.sccs_cases = Some(PrebuiltCases::Shared(cases));
+            out.sccs_cases = Some(PrebuiltCases::Shared(Box::new(cases)));
         }
         UnitBuild::SccsEach(d) => {
             let mut own = Vec::with_capacity(d.exposures.len());
@@ -442,8 +442,8 @@ async fn prebuilt_of(a: &Analysis, inputs: Parts) -> DfResult<Prebuilt> {
         }
         UnitBuild::Sql => {
             if let Design::Sql(q) = &a.design {
-                // As `tables::build_tables`: the rows in one order, the attrition in its own;
-                // a query the design lacks gives no batches.
+                // As `tables::build_tables`: the rows in one order; a query the design lacks
+                // gives no batches.
                 let mut get = |name: &str, present: bool| {
                     if present {
                         take(&format!("{SQL_PREFIX}{name}"))

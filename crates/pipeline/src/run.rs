@@ -813,7 +813,7 @@ pub(crate) struct Prebuilt {
 /// The case data of an SCCS unit of one outcome over several exposures, built elsewhere.
 pub(crate) enum PrebuiltCases {
     /// Shared by the exposures (their eras in the cases).
-    Shared(epifusion_sql::study::sccs::SccsCases),
+    Shared(Box<epifusion_sql::study::sccs::SccsCases>),
     /// With `restrict_time_to_exposure`: each exposure's own population, in the order of the
     /// unit's exposures.
     EachExposure(Vec<epifusion_sql::study::sccs::SccsCases>),
