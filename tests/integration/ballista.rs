@@ -614,6 +614,44 @@ async fn study_builds_on_a_two_executor_cluster_match_the_local_run() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `pipelines/{name}.toml` with `line` added after each of its `count` occurrences of
+/// `marker`, written to `dir`, run locally and on the cluster at `url` (each computing its
+/// `units`): the number of result tables found identical ([`assert_same_results`]).
+async fn variant_matches(
+    dir: &Path,
+    url: &str,
+    name: &str,
+    marker: &str,
+    count: usize,
+    line: &str,
+    units: usize,
+) -> usize {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("pipelines/{name}.toml")),
+    )
+    .unwrap();
+    assert_eq!(text.matches(marker).count(), count, "{name}: {marker}");
+    let path = dir.join(format!("{name}_variant.toml"));
+    std::fs::write(&path, text.replace(marker, &format!("{marker}{line}"))).unwrap();
+    let (file, omop) = (
+        path.display().to_string(),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/gibleed")
+            .display()
+            .to_string(),
+    );
+    let (local, cluster) = (
+        dir.join(format!("local_{name}_variant")),
+        dir.join(format!("cluster_{name}_variant")),
+    );
+    let computed = format!("({units} computed, 0 skipped");
+    let stdout = run_pipeline(&file, &local, &["--omop", &omop]);
+    assert!(stdout.contains(&computed), "{stdout}");
+    let stdout = run_pipeline(&file, &cluster, &["--omop", &omop, "--cluster", url]);
+    assert!(stdout.contains(&computed), "{stdout}\n{}", logs(dir));
+    assert_same_results(&local, &cluster).await
+}
+
 /// `epifusion run FILE --output OUT [more]` from the repository root; its standard output.
 fn run_pipeline(file: &str, out: &Path, more: &[&str]) -> String {
     let o = out.display().to_string();
@@ -773,65 +811,14 @@ async fn gibleed_pipeline_on_a_two_executor_cluster_matches_the_local_run() {
     assert!(assert_same_results(&local_sql, &cluster_sql).await >= 16);
     // SQL designs whose setup does more than define views (here a setting) are built inside
     // their task, on one executor: the same results as locally too.
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/gibleed_sql.toml"),
-    )
-    .unwrap();
+    let set = "SET datafusion.execution.batch_size = 4096;\n";
     let marker = "setup = \"\"\"\n";
-    assert_eq!(text.matches(marker).count(), 3);
-    let set_file = dir.join("gibleed_sql_set.toml");
-    std::fs::write(
-        &set_file,
-        text.replace(
-            marker,
-            &format!("{marker}SET datafusion.execution.batch_size = 4096;\n"),
-        ),
-    )
-    .unwrap();
-    let (file, omop) = (
-        set_file.display().to_string(),
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("data/gibleed")
-            .display()
-            .to_string(),
-    );
-    let (local_set, cluster_set) = (dir.join("local_set"), dir.join("cluster_set"));
-    let stdout = run_pipeline(&file, &local_set, &["--omop", &omop]);
-    assert!(stdout.contains("(4 computed, 0 skipped"), "{stdout}");
-    let stdout = run_pipeline(&file, &cluster_set, &["--omop", &omop, "--cluster", &url]);
-    assert!(
-        stdout.contains("(4 computed, 0 skipped"),
-        "{stdout}\n{}",
-        logs(&dir)
-    );
-    assert!(assert_same_results(&local_set, &cluster_set).await >= 16);
+    assert!(variant_matches(&dir, &url, "gibleed_sql", marker, 3, set, 4).await >= 16);
     // The SCCS analysis with `restrict_time_to_exposure` (each exposure's own study period, so
     // its own population): each exposure's build queries run distributed.
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/gibleed.toml"),
-    )
-    .unwrap();
-    assert!(text.contains("[analysis.sccs]\n"));
-    let restricted = dir.join("gibleed_restricted.toml");
-    std::fs::write(
-        &restricted,
-        text.replace(
-            "[analysis.sccs]\n",
-            "[analysis.sccs]\nrestrict_time_to_exposure = 0\n",
-        ),
-    )
-    .unwrap();
-    let file = restricted.display().to_string();
-    let (local_r, cluster_r) = (dir.join("local_restricted"), dir.join("cluster_restricted"));
-    let stdout = run_pipeline(&file, &local_r, &["--omop", &omop]);
-    assert!(stdout.contains("(3 computed, 0 skipped"), "{stdout}");
-    let stdout = run_pipeline(&file, &cluster_r, &["--omop", &omop, "--cluster", &url]);
-    assert!(
-        stdout.contains("(3 computed, 0 skipped"),
-        "{stdout}\n{}",
-        logs(&dir)
-    );
-    assert!(assert_same_results(&local_r, &cluster_r).await >= 12);
+    let restrict = "restrict_time_to_exposure = 0\n";
+    let marker = "[analysis.sccs]\n";
+    assert!(variant_matches(&dir, &url, "gibleed", marker, 1, restrict, 3).await >= 12);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
