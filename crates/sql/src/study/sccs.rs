@@ -1371,27 +1371,24 @@ pub async fn load_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<SccsCas
 
 /// Build the SCCS tables of a design from the OMOP tables registered in `ctx`.
 pub async fn build_sccs(ctx: &SessionContext, d: &SccsDesign) -> DfResult<StudyTables> {
-    tables_of_cases(load_sccs(ctx, d).await?).await
+    tables_of_cases(Arc::new(load_sccs(ctx, d).await?)).await
 }
 
 /// The study tables of a design from its study population and case data ([`load_sccs`], or
 /// [`super::sccs_parts::gathered`] from the design's distributed queries): what
 /// [`build_sccs`] returns.
-pub async fn tables_of_cases(cases: SccsCases) -> DfResult<StudyTables> {
-    let SccsCases {
-        kept,
-        data,
-        plan,
-        mut refs,
-        mut attrition,
-    } = cases;
-    let kept_meta: Vec<(i64, Option<i64>)> = kept
+pub async fn tables_of_cases(cases: Arc<SccsCases>) -> DfResult<StudyTables> {
+    // The case data is read in place (shared with the caller's exposure cases, not copied).
+    let mut refs = cases.refs.clone();
+    let mut attrition = cases.attrition.clone();
+    let kept_meta: Vec<(i64, Option<i64>)> = cases
+        .kept
         .iter()
         .map(|c| (c.person_id, c.observation_period_id))
         .collect();
     let (outcomes, covariates, informative) =
         datafusion::common::runtime::SpawnedTask::spawn_blocking(move || {
-            intervals_to_batches(&plan, &data, &kept_meta)
+            intervals_to_batches(&cases.plan, &cases.data, &kept_meta)
         })
         .join()
         .await

@@ -392,9 +392,10 @@ pub async fn each_exposure_of_own(
     let mut tables = Vec::with_capacity(cases.len());
     let mut out = Vec::with_capacity(cases.len());
     for c in cases {
+        let c = Arc::new(c);
         tables.push(super::sccs::tables_of_cases(c.clone()).await?);
         out.push(ExposureCases {
-            cases: Arc::new(c),
+            cases: c,
             exposure: 0,
         });
     }
