@@ -823,14 +823,19 @@ fn optimality_attempt(
             if ANDERSON_DEPTH > 0 && cycle_violation > tol {
                 anderson.push(&coords, &beta);
                 if let Some(extra) = anderson.extrapolate(&coords, &beta) {
+                    // The state at β is kept where the likelihood can (a rejected point then
+                    // costs one state computation, not two).
+                    let kept = lik.checkpoint();
                     lik.set_beta(&extra);
                     let ll_e = lik.log_likelihood();
                     let obj_e = ll_e + priors.log_prior(&extra);
-                    if obj_e.is_finite() && obj_e > obj {
+                    let accept = obj_e.is_finite() && obj_e > obj;
+                    lik.end_checkpoint(!accept);
+                    if accept {
                         beta = extra;
                         ll = ll_e;
                         obj = obj_e;
-                    } else {
+                    } else if !kept {
                         lik.set_beta(&beta);
                     }
                     anderson.clear();

@@ -515,10 +515,13 @@ pub struct DesignBuilder {
     row_lookup: RowLookup,
     /// First row (index) whose row id repeats an earlier one.
     first_duplicate_row: Option<usize>,
-    /// Covariate id → index into `columns`.
+    /// Covariate id → index into `columns` (ids from [`SMALL_IDS`] on, or negative).
     column_index: IdMap<u32>,
     /// The last entry's column (id, index): entries grouped by covariate skip the map.
     last_column: Option<(i64, u32)>,
+    /// Covariate id → index + 1 (0: none yet) for ids below [`SMALL_IDS`]: entries in row order
+    /// switch column at every entry, and a table lookup is cheaper than the map's.
+    small_column: Vec<u32>,
     columns: Vec<ColumnAcc>,
     /// Entries whose row id was unknown when pushed: (row id, covariate id, value, push number).
     pending: Vec<(i64, i64, f64, u64)>,
@@ -563,6 +566,9 @@ impl Hasher for IdHasher {
         self.write_u64(x as u64);
     }
 }
+
+/// Covariate ids below this are looked up in a table by [`DesignBuilder`] (256 KiB once used).
+const SMALL_IDS: i64 = 1 << 16;
 
 /// A map keyed by integer ids ([`IdHasher`]).
 pub(crate) type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
@@ -838,10 +844,10 @@ impl DesignBuilder {
         }
         let o = &mut self.outcomes;
         match b.time {
-            Some(t) => t.iter().for_each(|&v| o.time.push(v)),
+            Some(t) => o.time.extend_from_slice(t),
             None => (0..n).for_each(|_| o.time.push(1.0)),
         }
-        b.y.iter().for_each(|&v| o.y.push(v));
+        o.y.extend_from_slice(b.y);
         match b.stratum_id {
             Some(ids) => {
                 for (k, &id) in ids.iter().enumerate() {
@@ -969,6 +975,16 @@ impl DesignBuilder {
         let next = self.columns.len() as u32;
         let k = match self.last_column {
             Some((id, k)) if id == covariate_id => k,
+            _ if (0..SMALL_IDS).contains(&covariate_id) => {
+                if self.small_column.is_empty() {
+                    self.small_column = vec![0; SMALL_IDS as usize];
+                }
+                let slot = &mut self.small_column[covariate_id as usize];
+                if *slot == 0 {
+                    *slot = next + 1;
+                }
+                *slot - 1
+            }
             _ => *self.column_index.entry(covariate_id).or_insert(next),
         };
         self.last_column = Some((covariate_id, k));

@@ -149,24 +149,37 @@ impl ModelKind {
                 | ModelKind::Cox
                 | ModelKind::FineGray
         ) && r.start_time.is_none();
-        for i in 0..x.n_rows() {
-            let y = r.y.get(i);
-            let t = r.time.get(i);
-            if needs_positive_time && t <= 0.0 {
+        // The first row (in row order) whose time or y is outside the model's domain; within
+        // a row the time is reported first. One typed scan per column.
+        let bad_time = if needs_positive_time {
+            r.time.position(|t| t <= 0.0)
+        } else {
+            None
+        };
+        let bad_y = match self {
+            ModelKind::Cox | ModelKind::Logistic | ModelKind::ConditionalLogistic => {
+                r.y.position(|y| !(y == 0.0 || y == 1.0))
+            }
+            ModelKind::FineGray => r.y.position(|y| !(y == 0.0 || y == 1.0 || y == 2.0)),
+            ModelKind::ConditionalPoisson | ModelKind::Poisson => {
+                if r.y.is_unsigned_integer_form() {
+                    None
+                } else {
+                    r.y.position(|y| !(y >= 0.0 && y.fract() == 0.0))
+                }
+            }
+        };
+        match (bad_time, bad_y) {
+            (Some(i), yi) if yi.is_none_or(|yi| i <= yi) => {
+                let t = r.time.get(i);
                 return Err(bad(
                     i,
                     "time",
                     format!("must be > 0 for {} (got {t})", self.name()),
                 ));
             }
-            let ok = match self {
-                ModelKind::Cox | ModelKind::Logistic | ModelKind::ConditionalLogistic => {
-                    y == 0.0 || y == 1.0
-                }
-                ModelKind::FineGray => y == 0.0 || y == 1.0 || y == 2.0,
-                ModelKind::ConditionalPoisson | ModelKind::Poisson => y >= 0.0 && y.fract() == 0.0,
-            };
-            if !ok {
+            (_, Some(i)) => {
+                let y = r.y.get(i);
                 let domain = self.descriptor().y_domain;
                 return Err(bad(
                     i,
@@ -174,6 +187,7 @@ impl ModelKind {
                     format!("must be {domain} for {} (got {y})", self.name()),
                 ));
             }
+            _ => {}
         }
         if r.start_time.is_some() && self != ModelKind::Cox {
             return Err(Error::BadColumn {
@@ -267,6 +281,16 @@ pub trait Likelihood: Send {
     }
     /// Free scratch memory kept between calls (the end of a fit).
     fn release_scratch(&mut self) {}
+    /// Keep a copy of the current state (β and what is derived from it) for
+    /// [`Likelihood::end_checkpoint`]; `false` when the likelihood keeps none (the caller then
+    /// returns to β with [`Likelihood::set_beta`]). For a trial point that may be rejected
+    /// (Anderson extrapolation): going back is a copy instead of a recomputation.
+    fn checkpoint(&mut self) -> bool {
+        false
+    }
+    /// Drop the copy of [`Likelihood::checkpoint`], after returning the state to it when
+    /// `restore` (no effect when none is kept).
+    fn end_checkpoint(&mut self, _restore: bool) {}
     /// An independent copy (profile likelihood, bootstrap, CV folds).
     fn boxed_clone(&self) -> Box<dyn Likelihood>;
 }

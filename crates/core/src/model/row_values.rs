@@ -60,6 +60,14 @@ impl Form {
             Form::F64 => true,
         }
     }
+    /// The narrowest form that holds every value of `current` and `v`.
+    fn widened(current: Form, v: f64) -> Form {
+        [Form::U16, Form::U32, Form::F32, Form::F64]
+            .into_iter()
+            .find(|f| f.contains(current) && f.holds(v))
+            .unwrap_or(Form::F64)
+    }
+
     /// Whether every value of form `other` is held by this one.
     fn contains(self, other: Form) -> bool {
         match self {
@@ -188,17 +196,39 @@ impl Values {
         }
     }
 
+    /// Append the values of `v` (the same storage as pushing them one by one: the form is
+    /// widened once, then the slice copied in a typed loop).
+    pub fn extend_from_slice(&mut self, v: &[f64]) {
+        let current = self.form();
+        let mut form = current;
+        for &x in v {
+            if !form.holds(x) {
+                form = Form::widened(form, x);
+            }
+        }
+        if form != current {
+            self.widen_to(form, v.len());
+        }
+        match self {
+            Values::U8(s) => s.extend(v.iter().map(|&x| x as u8)),
+            Values::U16(s) => s.extend(v.iter().map(|&x| x as u16)),
+            Values::U32(s) => s.extend(v.iter().map(|&x| x as u32)),
+            Values::F32(s) => s.extend(v.iter().map(|&x| x as f32)),
+            Values::F64(s) => s.extend_from_slice(v),
+        }
+    }
+
     /// Re-encode in the narrowest form that holds the current values and `v`.
     #[cold]
     fn widen(&mut self, v: f64) {
-        let current = self.form();
-        let form = [Form::U16, Form::U32, Form::F32, Form::F64]
-            .into_iter()
-            .find(|f| f.contains(current) && f.holds(v))
-            .unwrap_or(Form::F64);
+        self.widen_to(Form::widened(self.form(), v), 0);
+    }
+
+    /// Re-encode in `form` (which holds the current values), with room for `more` values.
+    fn widen_to(&mut self, form: Form, more: usize) {
         let n = self.len();
         // The room reserved, or for the growth the caller is pushing towards.
-        let cap = self.capacity().max(n + n / 4 + 16);
+        let cap = self.capacity().max(n + n / 4 + 16).max(n + more);
         let old = std::mem::take(self);
         *self = match form {
             Form::U8 => unreachable!("never a widening"),
@@ -224,7 +254,55 @@ impl Values {
     pub fn pick(&self, idx: &[u32]) -> Values {
         idx.iter().map(|&i| self.get(i as usize)).collect()
     }
+
+    /// Position of the first value `v` with `pred(v)`: one scan of the stored slice, compiled
+    /// for its storage type (no dispatch per value).
+    pub fn position(&self, pred: impl Fn(f64) -> bool) -> Option<usize> {
+        with_values!(self, s => s.iter().position(|&x| pred(f64::from(x))))
+    }
+
+    /// The values at positions `idx`, in this store's form (one typed gather).
+    pub fn gather(&self, idx: &[u32]) -> Values {
+        match self {
+            Values::U8(s) => Values::U8(idx.iter().map(|&i| s[i as usize]).collect()),
+            Values::U16(s) => Values::U16(idx.iter().map(|&i| s[i as usize]).collect()),
+            Values::U32(s) => Values::U32(idx.iter().map(|&i| s[i as usize]).collect()),
+            Values::F32(s) => Values::F32(idx.iter().map(|&i| s[i as usize]).collect()),
+            Values::F64(s) => Values::F64(idx.iter().map(|&i| s[i as usize]).collect()),
+        }
+    }
+
+    /// `n` ones.
+    pub fn ones(n: usize) -> Values {
+        Values::U8(vec![1; n])
+    }
+
+    /// Whether the storage form itself makes every value an integer ≥ 0 (u8, u16, u32).
+    pub fn is_unsigned_integer_form(&self) -> bool {
+        matches!(self, Values::U8(_) | Values::U16(_) | Values::U32(_))
+    }
+
+    /// The values in `range` summed in f64 in order from 0 (`range.map(get).sum()`, one typed
+    /// loop).
+    pub fn sum_range(&self, range: std::ops::Range<usize>) -> f64 {
+        with_values!(self, s => s[range].iter().fold(0.0, |acc, &x| acc + f64::from(x)))
+    }
 }
+
+/// Evaluates `$body` with `$s` bound to the stored slice of the [`Values`] `$v`, once per
+/// storage type: loops in `$body` are compiled for each type (read values with `f64::from`).
+macro_rules! with_values {
+    ($v:expr, $s:ident => $body:expr) => {
+        match $v {
+            Values::U8($s) => $body,
+            Values::U16($s) => $body,
+            Values::U32($s) => $body,
+            Values::F32($s) => $body,
+            Values::F64($s) => $body,
+        }
+    };
+}
+pub(crate) use with_values;
 
 fn with_cap<T>(cap: usize, it: impl Iterator<Item = T>) -> Vec<T> {
     let mut v = Vec::with_capacity(cap);
@@ -675,6 +753,34 @@ mod tests {
             };
             assert_eq!(whole.form(), narrowest, "{v:?}");
             assert_eq!(whole.iter().map(f64::to_bits).collect::<Vec<_>>(), want);
+            // Slices appended (after a push) store what the pushes store.
+            for cut in 0..v.len() {
+                let mut extended = Values::new();
+                extended.push(v[0]);
+                extended.extend_from_slice(&v[1..=cut]);
+                extended.extend_from_slice(&v[cut + 1..]);
+                assert_eq!(extended.form(), form, "{v:?} cut {cut}");
+                assert_eq!(extended.iter().map(f64::to_bits).collect::<Vec<_>>(), want);
+            }
+            // The typed reads agree with `get`.
+            let bad = |x: f64| !(x >= 0.0 && x.fract() == 0.0);
+            assert_eq!(
+                pushed.position(bad),
+                v.iter().position(|&x| bad(x)),
+                "{v:?}"
+            );
+            let sum = |r: std::ops::Range<usize>| r.fold(0.0, |a, i| a + pushed.get(i));
+            assert_eq!(
+                pushed.sum_range(1..v.len()).to_bits(),
+                sum(1..v.len()).to_bits()
+            );
+            let idx: Vec<u32> = (0..v.len() as u32).rev().collect();
+            let gathered = pushed.gather(&idx);
+            assert_eq!(gathered.form(), form);
+            assert!(gathered
+                .iter()
+                .zip(idx.iter().map(|&i| v[i as usize]))
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 
