@@ -184,12 +184,11 @@ pub fn column_facts(
             | ModelKind::ConditionalLogistic
     );
     let n_strata = x.n_strata();
-    let mut size = vec![0u32; n_strata];
-    if conditional {
-        for s in x.rows.stratum.iter() {
-            size[s as usize] += 1;
-        }
-    }
+    let size = if conditional {
+        x.rows.stratum.sizes(n_strata)
+    } else {
+        vec![0u32; n_strata]
+    };
     // Per stratum: the column this slot was last used for, the first non-zero value, the count
     // of non-zero values and whether they differ.
     let mut stamp = vec![usize::MAX; n_strata];
@@ -212,13 +211,15 @@ pub fn column_facts(
             }
             let mut scale = 0.0f64;
             touched.clear();
+            // A column's entries come in increasing row order.
+            let mut strata = x.rows.stratum.cursor();
             for (i, v) in c.entries() {
                 if v == 0.0 {
                     continue;
                 }
                 scale = scale.max(v.abs());
                 if conditional {
-                    let s = x.rows.stratum.get(i) as usize;
+                    let s = strata.get(i) as usize;
                     if stamp[s] != j {
                         stamp[s] = j;
                         value[s] = v;

@@ -839,9 +839,7 @@ impl DesignBuilder {
             "outcome columns of different lengths"
         );
         let first = self.outcomes.row_id.len();
-        for &id in b.row_id {
-            self.push_row_id(id);
-        }
+        self.push_row_ids(b.row_id);
         let o = &mut self.outcomes;
         match b.time {
             Some(t) => o.time.extend_from_slice(t),
@@ -850,7 +848,11 @@ impl DesignBuilder {
         o.y.extend_from_slice(b.y);
         match b.stratum_id {
             Some(ids) => {
-                for (k, &id) in ids.iter().enumerate() {
+                // Rows of one stratum usually come together: one push per run of equal ids.
+                let mut k = 0;
+                while k < n {
+                    let id = ids[k];
+                    let run = 1 + ids[k + 1..].iter().take_while(|&&x| x == id).count();
                     let s = match o.last_stratum {
                         Some((last, s)) if last == id => s,
                         _ => {
@@ -860,13 +862,14 @@ impl DesignBuilder {
                         }
                     };
                     match &mut o.stratum {
-                        Some(st) => st.push(s),
+                        Some(st) => st.push_n(s, run),
                         None => {
                             let mut st = Strata::single(first + k);
-                            st.push(s);
+                            st.push_n(s, run);
                             o.stratum = Some(st);
                         }
                     }
+                    k += run;
                 }
             }
             None => {
@@ -891,6 +894,35 @@ impl DesignBuilder {
                 }
             }
             None => o.cluster.extend(first, None, n, u32::MAX),
+        }
+    }
+
+    /// [`Self::push_row_id`] for each of `ids`; ids that continue a range of consecutive ids
+    /// extend it at once.
+    fn push_row_ids(&mut self, ids: &[i64]) {
+        if let (RowLookup::Consecutive, RowIds::Range { first, len }, Some(&id0)) =
+            (&self.row_lookup, &mut self.outcomes.row_id, ids.first())
+        {
+            let start = if *len == 0 {
+                Some(id0)
+            } else {
+                first.checked_add(*len as i64)
+            };
+            let consecutive = start.is_some_and(|start| {
+                ids.iter()
+                    .enumerate()
+                    .all(|(k, &id)| start.checked_add(k as i64) == Some(id))
+            });
+            if consecutive {
+                if *len == 0 {
+                    *first = id0;
+                }
+                *len += ids.len();
+                return;
+            }
+        }
+        for &id in ids {
+            self.push_row_id(id);
         }
     }
 
@@ -1297,6 +1329,31 @@ mod tests {
         let (x_rows, x_cols) = (rows.build().unwrap(), cols.build().unwrap());
         assert_eq!(row_fields(&x_cols), row_fields(&x_rows));
         assert_eq!(x_cols.columns[0].rows, x_rows.columns[0].rows);
+
+        // Consecutive ids continued across batches, and strata runs across batch boundaries
+        // (pushed a run at a time), then ids that break the range.
+        let ids = [3i64, 4, 5, 6, 7, 8, 9, 11, 12];
+        let strata = [4i64, 4, 4, 4, 2, 2, 4, 4, 1];
+        let mut rows = DesignBuilder::new();
+        let mut cols = DesignBuilder::new();
+        for range in [0..2, 2..5, 5..6, 6..9] {
+            for i in range.clone() {
+                rows.push_outcome(OutcomeRecord {
+                    stratum_id: Some(strata[i]),
+                    ..rec(ids[i], 1.0, 1.0)
+                });
+            }
+            let ones = vec![1.0; range.len()];
+            cols.push_outcomes(OutcomeSlices {
+                row_id: &ids[range.clone()],
+                stratum_id: Some(&strata[range.clone()]),
+                y: &ones,
+                ..Default::default()
+            });
+        }
+        let (x_rows, x_cols) = (rows.build().unwrap(), cols.build().unwrap());
+        assert_eq!(row_fields(&x_cols), row_fields(&x_rows));
+        assert_eq!(x_cols.rows.stratum, vec![0u32, 0, 0, 0, 1, 1, 0, 0, 2]);
 
         // A batch without strata after one with them is the same error either way.
         let mut rows = DesignBuilder::new();

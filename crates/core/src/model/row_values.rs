@@ -443,6 +443,26 @@ impl Strata {
         }
     }
 
+    /// A reader of the strata of rows visited in increasing order ([`StrataCursor::get`]):
+    /// a search from the last row's run (galloping), not over every run.
+    pub fn cursor(&self) -> StrataCursor<'_> {
+        StrataCursor {
+            strata: self,
+            run: 0,
+        }
+    }
+
+    /// Number of rows of each stratum `0..n` (strata from `n` on are not counted).
+    pub fn sizes(&self, n: usize) -> Vec<u32> {
+        let mut size = vec![0u32; n];
+        for (s, rows) in self.runs() {
+            if let Some(c) = size.get_mut(s as usize) {
+                *c += rows.len() as u32;
+            }
+        }
+        size
+    }
+
     /// Iterate the strata of rows 0, 1, … (O(1) per row).
     pub fn iter(&self) -> Box<dyn Iterator<Item = u32> + '_> {
         match self {
@@ -469,6 +489,18 @@ impl Strata {
     /// The strata as a `Vec<u32>`.
     pub fn to_vec(&self) -> Vec<u32> {
         self.as_u32().into_owned()
+    }
+
+    /// Append `n` rows of stratum `s` (as `n` calls of [`Strata::push`]).
+    pub fn push_n(&mut self, s: u32, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.push(s);
+        match self {
+            Strata::Runs { len, .. } => *len += n - 1,
+            Strata::PerRow(v) => v.extend(std::iter::repeat_n(s, n - 1)),
+        }
     }
 
     /// Append a row of stratum `s`; switches to one u32 per row once the runs would take more
@@ -517,6 +549,49 @@ impl Strata {
         match self {
             Strata::PerRow(v) => idx.iter().map(|&i| v[i as usize]).collect(),
             _ => idx.iter().map(|&i| self.get(i as usize)).collect(),
+        }
+    }
+}
+
+/// See [`Strata::cursor`].
+#[derive(Debug)]
+pub struct StrataCursor<'a> {
+    strata: &'a Strata,
+    /// The run of the last row read.
+    run: usize,
+}
+
+impl StrataCursor<'_> {
+    /// Stratum of row `i`: cheap when rows come in increasing order (any order is correct).
+    #[inline]
+    pub fn get(&mut self, i: usize) -> u32 {
+        match self.strata {
+            Strata::PerRow(v) => v[i],
+            Strata::Runs {
+                run_start,
+                run_stratum,
+                len,
+            } => {
+                assert!(i < *len, "row {i} out of {len}");
+                // The run of row i: the last r with run_start[r] ≤ i.
+                let starts = |r: usize| run_start[r] as usize;
+                let mut lo = self.run.min(run_start.len() - 1);
+                if starts(lo) > i {
+                    lo = 0;
+                }
+                // Gallop: run_start[lo] ≤ i; find hi with run_start[hi] > i (or the end).
+                let mut step = 1;
+                let mut hi = lo + 1;
+                while hi < run_start.len() && starts(hi) <= i {
+                    lo = hi;
+                    hi += step;
+                    step *= 2;
+                }
+                let hi = hi.min(run_start.len());
+                let r = lo + run_start[lo..hi].partition_point(|&a| a as usize <= i) - 1;
+                self.run = r;
+                run_stratum[r]
+            }
         }
     }
 }
@@ -781,6 +856,23 @@ mod tests {
                 .iter()
                 .zip(idx.iter().map(|&i| v[i as usize]))
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    #[test]
+    fn strata_cursor_reads_any_order() {
+        let grouped = vec![0u32, 0, 0, 1, 1, 2, 0, 0, 3, 3, 3, 3, 1, 2, 2];
+        let runs: Strata = grouped.iter().copied().collect();
+        assert!(matches!(runs, Strata::Runs { .. }));
+        let per_row = Strata::PerRow(grouped.clone());
+        for s in [&runs, &per_row] {
+            let mut c = s.cursor();
+            let order: Vec<usize> = (0..grouped.len()).chain([3, 14, 0, 7, 7, 12, 1]).collect();
+            for i in order {
+                assert_eq!(c.get(i), grouped[i], "row {i}");
+            }
+            assert_eq!(s.sizes(4), vec![5, 3, 3, 4]);
+            assert_eq!(s.sizes(2), vec![5, 3]);
         }
     }
 
