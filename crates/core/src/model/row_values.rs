@@ -261,14 +261,17 @@ impl Values {
         with_values!(self, s => s.iter().position(|&x| pred(f64::from(x))))
     }
 
-    /// The values at positions `idx`, in this store's form (one typed gather).
-    pub fn gather(&self, idx: &[u32]) -> Values {
-        match self {
-            Values::U8(s) => Values::U8(idx.iter().map(|&i| s[i as usize]).collect()),
-            Values::U16(s) => Values::U16(idx.iter().map(|&i| s[i as usize]).collect()),
-            Values::U32(s) => Values::U32(idx.iter().map(|&i| s[i as usize]).collect()),
-            Values::F32(s) => Values::F32(idx.iter().map(|&i| s[i as usize]).collect()),
-            Values::F64(s) => Values::F64(idx.iter().map(|&i| s[i as usize]).collect()),
+    /// Values held in one of the stored element types, in that form or a narrower integer
+    /// one when the largest value allows (a subset of a store's values may need less room).
+    pub fn from_stored<T: Stored>(v: Vec<T>) -> Values {
+        match T::into_values(v) {
+            Values::U16(v) if v.iter().all(|&x| x <= u16::from(u8::MAX)) => {
+                Values::U8(v.into_iter().map(|x| x as u8).collect())
+            }
+            Values::U32(v) if v.iter().all(|&x| x <= u32::from(u16::MAX)) => {
+                Values::from_stored(v.into_iter().map(|x| x as u16).collect::<Vec<u16>>())
+            }
+            other => other,
         }
     }
 
@@ -288,6 +291,23 @@ impl Values {
         with_values!(self, s => s[range].iter().fold(0.0, |acc, &x| acc + f64::from(x)))
     }
 }
+
+/// An element type [`Values`] stores (`u8`, `u16`, `u32`, `f32`, `f64`).
+pub trait Stored: Copy + Default + Into<f64> {
+    /// The values, in this type's form.
+    fn into_values(v: Vec<Self>) -> Values;
+}
+
+macro_rules! stored {
+    ($($t:ty => $form:ident),*) => {$(
+        impl Stored for $t {
+            fn into_values(v: Vec<Self>) -> Values {
+                Values::$form(v)
+            }
+        }
+    )*};
+}
+stored!(u8 => U8, u16 => U16, u32 => U32, f32 => F32, f64 => F64);
 
 /// Evaluates `$body` with `$s` bound to the stored slice of the [`Values`] `$v`, once per
 /// storage type: loops in `$body` are compiled for each type (read values with `f64::from`).
@@ -849,13 +869,14 @@ mod tests {
                 pushed.sum_range(1..v.len()).to_bits(),
                 sum(1..v.len()).to_bits()
             );
-            let idx: Vec<u32> = (0..v.len() as u32).rev().collect();
-            let gathered = pushed.gather(&idx);
-            assert_eq!(gathered.form(), form);
-            assert!(gathered
-                .iter()
-                .zip(idx.iter().map(|&i| v[i as usize]))
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            // Stored values narrowed by their largest value.
+            let stored: Vec<u16> = v.iter().map(|&x| x as u16).collect();
+            let narrow = if v.iter().all(|&x| x <= 255.0) {
+                Form::U8
+            } else {
+                Form::U16
+            };
+            assert_eq!(Values::from_stored(stored.clone()).form(), narrow);
         }
     }
 

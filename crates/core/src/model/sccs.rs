@@ -417,6 +417,21 @@ impl RowMerge {
     }
 }
 
+/// The stratum of internal row `p`: the last s with `stratum_start[s] ≤ p`, searched from
+/// stratum `from` on (`stratum_start[from] ≤ p`) by galloping — a column's rows ascend, and
+/// most of its next entries are a few strata ahead.
+#[inline]
+fn stratum_after(stratum_start: &[u32], from: usize, p: u32) -> usize {
+    let (mut lo, mut hi, mut step) = (from, from + 1, 1);
+    while hi < stratum_start.len() && stratum_start[hi] <= p {
+        lo = hi;
+        hi += step;
+        step *= 2;
+    }
+    let hi = hi.min(stratum_start.len());
+    lo + stratum_start[lo..hi].partition_point(|&a| a <= p) - 1
+}
+
 /// Visit the kept rows of `x` (weight > 0, in strata with events: `n_in[s] > 0`) in internal
 /// order, `visit(row, stratum)`: the order of `sorted` when the input is not in internal order,
 /// else row order.
@@ -459,16 +474,21 @@ struct StratumColumn {
 }
 
 impl StratumColumn {
-    /// The column of entries `pos` (ascending internal rows) and `val`; `stratum_of` gives the
-    /// stratum of each internal row, `y` its outcome.
-    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, stratum_of: &[u32], y: &Values) -> Self {
+    /// The column of entries `pos` (ascending internal rows) and `val`; `stratum_start` gives
+    /// the first internal row of each stratum, `y` the outcome of each internal row.
+    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, stratum_start: &[u32], y: &Values) -> Self {
         let mut run_start = Vec::new();
         let mut run_stratum = Vec::new();
         let mut chunk_start = vec![0u32];
         let mut in_chunk = 0usize;
         let mut yx = 0.0;
+        // Stratum s of the current row: stratum_start[s] ≤ p < end (empty strata skipped).
+        let (mut s, mut end) = (0u32, 0u32);
         for (e, &p) in pos.iter().enumerate() {
-            let s = stratum_of[p as usize];
+            if p >= end {
+                s = stratum_after(stratum_start, s as usize, p) as u32;
+                end = stratum_start[s as usize + 1];
+            }
             if run_stratum.last() != Some(&s) {
                 if in_chunk >= CHUNK_ENTRIES {
                     chunk_start.push(run_stratum.len() as u32);
@@ -849,8 +869,12 @@ impl ConditionalPoisson {
         };
         // At most the covered rows and the input strata (sized up front: no growth slack).
         let most_rows = covered.len();
-        let mut t = Values::with_capacity(most_rows);
-        let mut y = Values::with_capacity(most_rows);
+        // Rows in internal order, no weights, no offsets: every row of a stratum with events is
+        // kept (the typed pass below).
+        let plain = in_order && r.weight.is_none() && r.offset.is_none();
+        let room = if plain { 0 } else { most_rows };
+        let mut t = Values::with_capacity(room);
+        let mut y = Values::with_capacity(room);
         let mut stratum_start = Vec::with_capacity(n_input_strata + 1);
         // Per stratum: [n_s, D_s] (D_s set by `compute_state`) and base_s, summed in f64 while
         // the stratum's rows pass (they are consecutive) and then stored narrowly.
@@ -860,18 +884,16 @@ impl ConditionalPoisson {
         let mut offset = r.offset.as_ref().map(|_| Vec::new());
         let mut y_offset = 0.0;
         let mut last_stratum = u32::MAX;
-        if in_order && r.weight.is_none() && r.offset.is_none() {
-            // The common case: rows already in internal order, no weights or offsets, so every
-            // row of a stratum with events is kept. The sums of the row visit below, in the
-            // same order, in loops compiled for the storage types; t and y of the covered rows
-            // gathered afterwards.
-            // Covered rows written branch-free: slot `n_kc` is overwritten until a covered
-            // row claims it.
-            let mut kept_covered: Vec<u32> = vec![0; most_rows + 1];
+        if plain {
+            // The common case (`plain`): the sums of the row visit below, in the same order, in
+            // loops compiled for the storage types; t and y of the covered rows copied in
+            // their stored form (narrowed when the copied values allow).
             // The kept covered rows: the covered rows less those of strata without events.
             internal.bits.clone_from(&covered.bits);
             let mut n_kc = 0usize;
-            with_values!(&r.time, ts => with_values!(&r.y, ys => {
+            let (t_kept, y_kept) = with_values!(&r.time, ts => with_values!(&r.y, ys => {
+                let mut t_kept = Vec::with_capacity(most_rows);
+                let mut y_kept = Vec::with_capacity(most_rows);
                 for (stratum, rows) in r.stratum.runs() {
                     if n_in[stratum as usize] <= 0.0 {
                         rows.for_each(|i| internal.remove(i));
@@ -891,7 +913,10 @@ impl ConditionalPoisson {
                     for i in rows {
                         n_s += f64::from(ys[i]);
                         let c = covered.contains(i);
-                        kept_covered[n_kc] = i as u32;
+                        if c {
+                            t_kept.push(ts[i]);
+                            y_kept.push(ys[i]);
+                        }
                         n_kc += usize::from(c);
                         // Adding +0 leaves the sum unchanged (it starts at +0).
                         let ti = if unit_time { 1.0 } else { f64::from(ts[i]) };
@@ -899,14 +924,14 @@ impl ConditionalPoisson {
                     }
                     nd[s][0] = n_s;
                 }
+                (Values::from_stored(t_kept), Values::from_stored(y_kept))
             }));
-            kept_covered.truncate(n_kc);
             t = if unit_time {
-                Values::ones(kept_covered.len())
+                Values::ones(n_kc)
             } else {
-                r.time.gather(&kept_covered)
+                t_kept
             };
-            y = r.y.gather(&kept_covered);
+            y = y_kept;
         } else {
             visit_kept(x, &n_in, sorted_kept.as_deref(), |i, stratum| {
                 let w = x.weight(i);
@@ -972,16 +997,10 @@ impl ConditionalPoisson {
             }
             None => (t, y, offset, stratum_start, n_covered),
         };
-        // The stratum of each internal row (a lookup per run, instead of a search).
-        let mut stratum_of = vec![0u32; n_covered];
-        for (s, w) in stratum_start.windows(2).enumerate() {
-            stratum_of[w[0] as usize..w[1] as usize].fill(s as u32);
-        }
         let cols: Vec<StratumColumn> = entries
             .into_par_iter()
-            .map(|(pos, val)| StratumColumn::new(pos, val, &stratum_of, &y))
+            .map(|(pos, val)| StratumColumn::new(pos, val, &stratum_start, &y))
             .collect();
-        drop(stratum_of);
         drop(y);
         let mut me = ConditionalPoisson {
             te: vec![0.0; n_covered],
