@@ -871,7 +871,7 @@ mod tests {
             );
             // Stored values narrowed by their largest value.
             let stored: Vec<u16> = v.iter().map(|&x| x as u16).collect();
-            let narrow = if v.iter().all(|&x| x <= 255.0) {
+            let narrow = if stored.iter().all(|&x| x <= 255) {
                 Form::U8
             } else {
                 Form::U16
