@@ -261,18 +261,9 @@ impl Values {
         with_values!(self, s => s.iter().position(|&x| pred(f64::from(x))))
     }
 
-    /// Values held in one of the stored element types, in that form or a narrower integer
-    /// one when the largest value allows (a subset of a store's values may need less room).
+    /// Values held in one of the stored element types, in that form.
     pub fn from_stored<T: Stored>(v: Vec<T>) -> Values {
-        match T::into_values(v) {
-            Values::U16(v) if v.iter().all(|&x| x <= u16::from(u8::MAX)) => {
-                Values::U8(v.into_iter().map(|x| x as u8).collect())
-            }
-            Values::U32(v) if v.iter().all(|&x| x <= u32::from(u16::MAX)) => {
-                Values::from_stored(v.into_iter().map(|x| x as u16).collect::<Vec<u16>>())
-            }
-            other => other,
-        }
+        T::into_values(v)
     }
 
     /// `n` ones.
@@ -869,14 +860,9 @@ mod tests {
                 pushed.sum_range(1..v.len()).to_bits(),
                 sum(1..v.len()).to_bits()
             );
-            // Stored values narrowed by their largest value.
+            // Stored values keep their form.
             let stored: Vec<u16> = v.iter().map(|&x| x as u16).collect();
-            let narrow = if stored.iter().all(|&x| x <= 255) {
-                Form::U8
-            } else {
-                Form::U16
-            };
-            assert_eq!(Values::from_stored(stored.clone()).form(), narrow);
+            assert_eq!(Values::from_stored(stored).form(), Form::U16);
         }
     }
 

@@ -260,8 +260,8 @@ fn merge_rows(
     let mut single: Vec<bool> = Vec::new();
     loop {
         let (hash, nnz) = row_hashes(&cols, n, offset);
-        let merge = group_rows(&hash, &nnz, offset, stratum_start, &single);
-        drop((hash, nnz));
+        let merge = group_rows(hash, &nnz, offset, stratum_start, &single);
+        drop(nnz);
         if merge.n_merged == n {
             return (None, cols);
         }
@@ -297,15 +297,17 @@ const MANY_ENTRIES: u8 = u8::MAX;
 /// Merged rows from the hashes: within each stratum, rows with equal hashes, entry counts and
 /// offsets (bits) form a group (rows marked `single`, or with [`MANY_ENTRIES`], stay alone),
 /// numbered in the order of their first row.
+///
+/// The hashes' vector becomes the merge's row map (each row's hash is read before its entry
+/// is written): at 1e6 SCCS cases that saves 49 MB at the build's peak.
 fn group_rows(
-    hash: &[u32],
+    hash: Vec<u32>,
     nnz: &[u8],
     offset: Option<&[f64]>,
     stratum_start: &[u32],
     single: &[bool],
 ) -> RowMerge {
-    let n = hash.len();
-    let mut of: Vec<u32> = vec![0; n];
+    let mut of = hash;
     let mut merged_start = Vec::with_capacity(stratum_start.len());
     // Open addressing per stratum: slots hold (hash, merged row + 1 (0: empty), leader row).
     let mut table: Vec<(u32, u32, u32)> = Vec::new();
@@ -323,7 +325,7 @@ fn group_rows(
                 next += 1;
                 continue;
             }
-            let h = hash[p];
+            let h = of[p];
             let mut slot = (h as usize) & (size - 1);
             loop {
                 let (hs, m, leader) = table[slot];
@@ -397,15 +399,17 @@ impl RowMerge {
         y: &Values,
         offset: Option<&[f64]>,
     ) -> (Values, Values, Option<Vec<f64>>) {
-        let mut ts = vec![0.0f64; self.n_merged];
-        let mut ys = vec![0.0f64; self.n_merged];
-        with_values!(t, tv => with_values!(y, yv => {
-            for (p, &m) in self.of.iter().enumerate() {
-                let m = (m & !LEADER) as usize;
-                ts[m] += f64::from(tv[p]);
-                ys[m] += f64::from(yv[p]);
-            }
-        }));
+        // One sum vector at a time, narrowed before the next (a smaller peak).
+        let sums = |v: &Values| {
+            let mut sum = vec![0.0f64; self.n_merged];
+            with_values!(v, vv => {
+                for (p, &m) in self.of.iter().enumerate() {
+                    sum[(m & !LEADER) as usize] += f64::from(vv[p]);
+                }
+            });
+            Values::from(sum)
+        };
+        let (ts, ys) = (sums(t), sums(y));
         let os = offset.map(|o| {
             let mut os = vec![0.0f64; self.n_merged];
             for (p, &m) in self.of.iter().enumerate() {
@@ -413,7 +417,7 @@ impl RowMerge {
             }
             os
         });
-        (Values::from(ts), Values::from(ys), os)
+        (ts, ys, os)
     }
 }
 
@@ -871,7 +875,10 @@ impl ConditionalPoisson {
         let most_rows = covered.len();
         // Rows in internal order, no weights, no offsets: every row of a stratum with events is
         // kept (the typed pass below).
-        let plain = in_order && r.weight.is_none() && r.offset.is_none();
+        let plain = in_order
+            && r.weight.is_none()
+            && r.offset.is_none()
+            && std::env::var_os("SLOW").is_none();
         let room = if plain { 0 } else { most_rows };
         let mut t = Values::with_capacity(room);
         let mut y = Values::with_capacity(room);
@@ -887,7 +894,8 @@ impl ConditionalPoisson {
         if plain {
             // The common case (`plain`): the sums of the row visit below, in the same order, in
             // loops compiled for the storage types; t and y of the covered rows copied in
-            // their stored form (narrowed when the copied values allow).
+            // their stored form (the merge's sums are narrowed; copying t narrower here would
+            // add a transient copy at the build's peak).
             // The kept covered rows: the covered rows less those of strata without events.
             internal.bits.clone_from(&covered.bits);
             let mut n_kc = 0usize;
