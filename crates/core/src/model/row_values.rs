@@ -309,7 +309,12 @@ macro_rules! with_values {
             Values::U16($s) => $body,
             Values::U32($s) => $body,
             Values::F32($s) => $body,
-            Values::F64($s) => $body,
+            Values::F64($s) => {
+                // `f64::from` on f64 values: the body is shared with the other forms.
+                #[allow(clippy::useless_conversion)]
+                let r = $body;
+                r
+            }
         }
     };
 }
