@@ -53,11 +53,11 @@
 //! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
 //! On the bench recipe at 1e6 cases (`examples/sccs_speed.rs 1000000`: 18M rows, 12.2M
 //! covered, 17.3M nonzeros, J = 1000, Laplace λ = 3, one thread, the default optimality rule)
-//! the setup takes ≈ 2.2 CPU-s and the fit ≈ 2.0 s (12 iterations); before rows were merged
-//! (4.7M merged rows) they took 1.6 s and 4.3 s. Its peak RSS (`examples/sccs_memory.rs`,
-//! `--generate 1000000`) is 230 MiB, 3.5× the CSC's 66 MiB, as before the merge (227 MiB): the
-//! merge's 32-bit hashes, entry counts and row map (9 B per covered row, freed before the fit)
-//! take about what the merged rows save in t·e^η and the columns.
+//! the setup takes ≈ 1.1 CPU-s and the fit ≈ 1.4 s (12 iterations) on this project's 2-core
+//! machine (1.5 s and 1.5 s before the build's row passes were typed and the Anderson trial
+//! point checkpointed). Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`) is
+//! 212 MiB, 3.2× the CSC's 66 MiB: the merge's row map reuses the vector of its 32-bit row
+//! hashes, and its sums of t and y are narrowed one at a time.
 
 use std::borrow::Cow;
 
