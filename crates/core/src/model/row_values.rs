@@ -443,20 +443,11 @@ impl Strata {
         }
     }
 
-    /// Stratum of row `i` (a binary search over the runs when stored as runs).
+    /// Stratum of row `i` (a search over the runs when stored as runs; [`Strata::cursor`] for
+    /// many rows in increasing order).
     #[inline]
     pub fn get(&self, i: usize) -> u32 {
-        match self {
-            Strata::Runs {
-                run_start,
-                run_stratum,
-                len,
-            } => {
-                assert!(i < *len, "row {i} out of {len}");
-                run_stratum[run_start.partition_point(|&s| s as usize <= i) - 1]
-            }
-            Strata::PerRow(v) => v[i],
-        }
+        self.cursor().get(i)
     }
 
     /// A reader of the strata of rows visited in increasing order ([`StrataCursor::get`]):
@@ -590,26 +581,33 @@ impl StrataCursor<'_> {
             } => {
                 assert!(i < *len, "row {i} out of {len}");
                 // The run of row i: the last r with run_start[r] ≤ i.
-                let starts = |r: usize| run_start[r] as usize;
-                let mut lo = self.run.min(run_start.len() - 1);
-                if starts(lo) > i {
-                    lo = 0;
-                }
-                // Gallop: run_start[lo] ≤ i; find hi with run_start[hi] > i (or the end).
-                let mut step = 1;
-                let mut hi = lo + 1;
-                while hi < run_start.len() && starts(hi) <= i {
-                    lo = hi;
-                    hi += step;
-                    step *= 2;
-                }
-                let hi = hi.min(run_start.len());
-                let r = lo + run_start[lo..hi].partition_point(|&a| a as usize <= i) - 1;
+                let from = self.run.min(run_start.len() - 1);
+                let from = if run_start[from] as usize <= i {
+                    from
+                } else {
+                    0
+                };
+                let r = last_at_most(run_start, from, i as u32);
                 self.run = r;
                 run_stratum[r]
             }
         }
     }
+}
+
+/// The last index r ≥ `from` with `sorted[r] ≤ x`, for a nondecreasing `sorted` with
+/// `sorted[from] ≤ x`: a galloping search from `from` (cheap when the answer is near it, as for
+/// rows visited in increasing order).
+#[inline]
+pub(crate) fn last_at_most(sorted: &[u32], from: usize, x: u32) -> usize {
+    let (mut lo, mut hi, mut step) = (from, from + 1, 1);
+    while hi < sorted.len() && sorted[hi] <= x {
+        lo = hi;
+        hi += step;
+        step *= 2;
+    }
+    let hi = hi.min(sorted.len());
+    lo + sorted[lo..hi].partition_point(|&a| a <= x) - 1
 }
 
 impl FromIterator<u32> for Strata {

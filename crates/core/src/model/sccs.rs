@@ -64,7 +64,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix, RowIds, Values};
-use super::row_values::with_values;
+use super::row_values::{last_at_most, with_values};
 use super::Likelihood;
 use crate::error::{Error, Result};
 
@@ -421,21 +421,6 @@ impl RowMerge {
     }
 }
 
-/// The stratum of internal row `p`: the last s with `stratum_start[s] ≤ p`, searched from
-/// stratum `from` on (`stratum_start[from] ≤ p`) by galloping — a column's rows ascend, and
-/// most of its next entries are a few strata ahead.
-#[inline]
-fn stratum_after(stratum_start: &[u32], from: usize, p: u32) -> usize {
-    let (mut lo, mut hi, mut step) = (from, from + 1, 1);
-    while hi < stratum_start.len() && stratum_start[hi] <= p {
-        lo = hi;
-        hi += step;
-        step *= 2;
-    }
-    let hi = hi.min(stratum_start.len());
-    lo + stratum_start[lo..hi].partition_point(|&a| a <= p) - 1
-}
-
 /// Visit the kept rows of `x` (weight > 0, in strata with events: `n_in[s] > 0`) in internal
 /// order, `visit(row, stratum)`: the order of `sorted` when the input is not in internal order,
 /// else row order.
@@ -490,7 +475,9 @@ impl StratumColumn {
         let (mut s, mut end) = (0u32, 0u32);
         for (e, &p) in pos.iter().enumerate() {
             if p >= end {
-                s = stratum_after(stratum_start, s as usize, p) as u32;
+                // Galloping from the last stratum: a column's rows ascend, and most of its next
+                // entries are a few strata ahead.
+                s = last_at_most(stratum_start, s as usize, p) as u32;
                 end = stratum_start[s as usize + 1];
             }
             if run_stratum.last() != Some(&s) {
