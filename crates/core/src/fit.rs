@@ -503,10 +503,11 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         if opts.model.has_intercept() && !design.has_intercept() {
             design = design.with_intercept();
         }
+        // Checks the rows too (the likelihood's build then does not repeat it).
         degenerate::check_information(opts.model, &design)?;
         let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
         shape.check_exclude(opts)?;
-        let mut lik = crate::backend::cpu::likelihood_owned(
+        let mut lik = crate::backend::cpu::likelihood_owned_checked(
             opts.model,
             design,
             LikelihoodOptions { ties: opts.ties },

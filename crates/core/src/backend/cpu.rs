@@ -21,3 +21,13 @@ pub fn likelihood_owned(
 ) -> Result<Box<dyn Likelihood>> {
     crate::model::cpu_likelihood_owned(kind, x, opts)
 }
+
+/// [`likelihood_owned`] on rows already checked with
+/// [`crate::model::ModelKind::check_rows`] (the check is not repeated).
+pub(crate) fn likelihood_owned_checked(
+    kind: ModelKind,
+    x: DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    crate::model::cpu_likelihood_owned_checked(kind, x, opts)
+}

@@ -1013,6 +1013,10 @@ const MAX_REPOLISH: usize = 8;
 /// Iterates kept for Anderson extrapolation of the coordinate-descent coefficients (0: off).
 const ANDERSON_DEPTH: usize = 2;
 
+/// No Anderson trial when the last coordinate-descent step is shorter than this fraction of
+/// the step before it ([`Anderson::extrapolate`]).
+const ANDERSON_FAST: f64 = 0.1;
+
 /// Anderson acceleration of coordinate descent (Bertrand & Massias 2021): after
 /// `ANDERSON_DEPTH` + 1 cycles with the same zero pattern and signs, the iterates β_0 … β_m are
 /// combined as Σ c_i β_{i+1} with the weights c (Σ c_i = 1) that minimize ‖Σ c_i (β_{i+1} −
@@ -1075,6 +1079,11 @@ impl Anderson {
         }
         let scale = (0..m).map(|i| gram[i * m + i]).fold(0.0, f64::max);
         if !(scale > 0.0 && scale.is_finite()) {
+            return None;
+        }
+        // Steps that shrink by more than ANDERSON_FAST per cycle: the next cycle alone gains
+        // nearly all an extrapolation could, for less than the trial point costs.
+        if gram[(m - 1) * m + m - 1] < (ANDERSON_FAST * ANDERSON_FAST) * gram[(m - 2) * m + m - 2] {
             return None;
         }
         for i in 0..m {

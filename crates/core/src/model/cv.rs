@@ -59,7 +59,7 @@ use super::design::{DesignMatrix, INTERCEPT_ID};
 use super::prior::{Prior, PriorSet};
 use super::risk_set::{FoldBase, FoldCensor, FoldSums, RiskSetKind, RiskSetModel};
 use super::rng::Rng;
-use super::{cpu_likelihood_owned, Likelihood, LikelihoodOptions, ModelKind};
+use super::{cpu_likelihood_owned_checked, Likelihood, LikelihoodOptions, ModelKind};
 use crate::error::{Error, Result};
 
 /// What the folds (and bootstrap draws) are made of.
@@ -306,7 +306,8 @@ impl Problem<'_> {
         if self.kind.has_intercept() && !sub.has_intercept() {
             sub = sub.with_intercept();
         }
-        cpu_likelihood_owned(self.kind, sub, self.lik)
+        // `check_information` checked the rows.
+        cpu_likelihood_owned_checked(self.kind, sub, self.lik)
     }
 
     /// The resampling unit of every row: its dense stratum (by stratum) or itself (by row),

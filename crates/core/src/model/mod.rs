@@ -317,31 +317,36 @@ pub fn cpu_likelihood(
 /// stays near one copy of the columns (DESIGN.md §10).
 pub fn cpu_likelihood_owned(
     kind: ModelKind,
+    x: DesignMatrix,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
+    kind.check_rows(&x)?;
+    cpu_likelihood_owned_checked(kind, x, opts)
+}
+
+/// [`cpu_likelihood_owned`] on rows already checked with [`ModelKind::check_rows`] (as
+/// [`degenerate::check_information`] does before every fit): the check is not repeated.
+pub(crate) fn cpu_likelihood_owned_checked(
+    kind: ModelKind,
     mut x: DesignMatrix,
     opts: LikelihoodOptions,
 ) -> Result<Box<dyn Likelihood>> {
     // The row data is dropped before the columns are converted.
     match kind {
-        ModelKind::Cox => {
-            kind.check_rows(&x)?;
-            return Ok(Box::new(cox::Cox::from_owned(x, opts.ties)?));
-        }
+        ModelKind::Cox => return Ok(Box::new(cox::Cox::from_owned(x, opts.ties)?)),
         ModelKind::FineGray => {
-            kind.check_rows(&x)?;
-            return Ok(Box::new(fine_gray::FineGray::from_owned(x, opts.ties)?));
+            return Ok(Box::new(fine_gray::FineGray::from_owned(x, opts.ties)?))
         }
         ModelKind::ConditionalPoisson => {
-            kind.check_rows(&x)?;
-            return Ok(Box::new(sccs::ConditionalPoisson::from_owned(x)?));
+            return Ok(Box::new(sccs::ConditionalPoisson::from_owned(x)?))
         }
         ModelKind::ConditionalLogistic => {
-            kind.check_rows(&x)?;
-            return Ok(Box::new(glm::ConditionalLogistic::from_owned(x)?));
+            return Ok(Box::new(glm::ConditionalLogistic::from_owned(x)?))
         }
         _ => {}
     }
     let cols = x.take_columns();
-    cpu_likelihood_from(kind, &x, cols, opts)
+    likelihood_of(kind, &x, cols, opts)
 }
 
 /// Build the CPU likelihood of `kind` from the row data of `x` and the columns `cols`
@@ -353,6 +358,16 @@ pub fn cpu_likelihood_from(
     opts: LikelihoodOptions,
 ) -> Result<Box<dyn Likelihood>> {
     kind.check_rows(x)?;
+    likelihood_of(kind, x, cols, opts)
+}
+
+/// [`cpu_likelihood_from`] without the row check.
+fn likelihood_of(
+    kind: ModelKind,
+    x: &DesignMatrix,
+    cols: design::ColumnSource<'_>,
+    opts: LikelihoodOptions,
+) -> Result<Box<dyn Likelihood>> {
     Ok(match kind {
         ModelKind::ConditionalPoisson => Box::new(sccs::ConditionalPoisson::from_columns(x, cols)?),
         ModelKind::Cox => Box::new(cox::Cox::from_columns(x, cols, opts.ties)?),

@@ -421,6 +421,53 @@ impl RowMerge {
     }
 }
 
+/// Per-stratum sums of the kept rows while they pass in internal order (a stratum's rows are
+/// consecutive there): where each stratum starts among the covered rows, [n_s, D_s] (D_s is set
+/// by `compute_state`) and base_s, summed in f64 and then stored narrowly.
+struct KeptStrata {
+    stratum_start: Vec<u32>,
+    nd: Vec<[f64; 2]>,
+    base: Values,
+    /// The current stratum's base.
+    base_s: f64,
+    /// The current stratum (`u32::MAX`: none yet).
+    last: u32,
+}
+
+impl KeptStrata {
+    fn new(n_strata: usize) -> Self {
+        KeptStrata {
+            stratum_start: Vec::with_capacity(n_strata + 1),
+            nd: Vec::with_capacity(n_strata),
+            base: Values::with_capacity(n_strata),
+            base_s: 0.0,
+            last: u32::MAX,
+        }
+    }
+
+    /// A kept row of `stratum` passes, at covered row `first`: a new stratum (with n_s
+    /// starting at `n_s`) unless it continues the current one.
+    #[inline]
+    fn enter(&mut self, stratum: u32, first: usize, n_s: f64) {
+        if stratum != self.last {
+            if !self.nd.is_empty() {
+                self.base.push(self.base_s);
+            }
+            self.last = stratum;
+            self.stratum_start.push(first as u32);
+            self.nd.push([n_s, 0.0]);
+            self.base_s = 0.0;
+        }
+    }
+
+    /// [n_s, D_s] of the current stratum.
+    #[inline]
+    fn current(&mut self) -> &mut [f64; 2] {
+        let s = self.nd.len() - 1;
+        &mut self.nd[s]
+    }
+}
+
 /// Visit the kept rows of `x` (weight > 0, in strata with events: `n_in[s] > 0`) in internal
 /// order, `visit(row, stratum)`: the order of `sorted` when the input is not in internal order,
 /// else row order.
@@ -862,22 +909,13 @@ impl ConditionalPoisson {
         let most_rows = covered.len();
         // Rows in internal order, no weights, no offsets: every row of a stratum with events is
         // kept (the typed pass below).
-        let plain = in_order
-            && r.weight.is_none()
-            && r.offset.is_none()
-            && std::env::var_os("SLOW").is_none();
+        let plain = in_order && r.weight.is_none() && r.offset.is_none();
         let room = if plain { 0 } else { most_rows };
         let mut t = Values::with_capacity(room);
         let mut y = Values::with_capacity(room);
-        let mut stratum_start = Vec::with_capacity(n_input_strata + 1);
-        // Per stratum: [n_s, D_s] (D_s set by `compute_state`) and base_s, summed in f64 while
-        // the stratum's rows pass (they are consecutive) and then stored narrowly.
-        let mut nd: Vec<[f64; 2]> = Vec::with_capacity(n_input_strata);
-        let mut base = Values::with_capacity(n_input_strata);
-        let mut base_s = 0.0;
+        let mut k = KeptStrata::new(n_input_strata);
         let mut offset = r.offset.as_ref().map(|_| Vec::new());
         let mut y_offset = 0.0;
-        let mut last_stratum = u32::MAX;
         if plain {
             // The common case (`plain`): the sums of the row visit below, in the same order, in
             // loops compiled for the storage types; t and y of the covered rows copied in
@@ -894,19 +932,10 @@ impl ConditionalPoisson {
                         rows.for_each(|i| internal.remove(i));
                         continue;
                     }
-                    if stratum != last_stratum {
-                        if !nd.is_empty() {
-                            base.push(base_s);
-                        }
-                        last_stratum = stratum;
-                        stratum_start.push(n_kc as u32);
-                        nd.push([0.0, 0.0]);
-                        base_s = 0.0;
-                    }
-                    let s = nd.len() - 1;
-                    let mut n_s = nd[s][0];
+                    // Every row of the stratum is kept (no weights): n_s is its sum of y over
+                    // all its runs, already in `n_in`.
+                    k.enter(stratum, n_kc, n_in[stratum as usize]);
                     for i in rows {
-                        n_s += f64::from(ys[i]);
                         let c = covered.contains(i);
                         if c {
                             t_kept.push(ts[i]);
@@ -915,9 +944,8 @@ impl ConditionalPoisson {
                         n_kc += usize::from(c);
                         // Adding +0 leaves the sum unchanged (it starts at +0).
                         let ti = if unit_time { 1.0 } else { f64::from(ts[i]) };
-                        base_s += if c { 0.0 } else { ti };
+                        k.base_s += if c { 0.0 } else { ti };
                     }
-                    nd[s][0] = n_s;
                 }
                 (Values::from_stored(t_kept), Values::from_stored(y_kept))
             }));
@@ -933,17 +961,8 @@ impl ConditionalPoisson {
                 let yi = w * r.y.get(i);
                 let ti = w * if unit_time { 1.0 } else { r.time.get(i) };
                 let oi = x.offset(i);
-                if stratum != last_stratum {
-                    if !nd.is_empty() {
-                        base.push(base_s);
-                    }
-                    last_stratum = stratum;
-                    stratum_start.push(t.len() as u32);
-                    nd.push([0.0, 0.0]);
-                    base_s = 0.0;
-                }
-                let s = nd.len() - 1;
-                nd[s][0] += yi;
+                k.enter(stratum, t.len(), 0.0);
+                k.current()[0] += yi;
                 y_offset += yi * oi;
                 if covered.contains(i) {
                     if in_order {
@@ -957,10 +976,17 @@ impl ConditionalPoisson {
                         o.push(oi);
                     }
                 } else {
-                    base_s += if oi == 0.0 { ti } else { ti * oi.exp() };
+                    k.base_s += if oi == 0.0 { ti } else { ti * oi.exp() };
                 }
             });
         }
+        let KeptStrata {
+            mut stratum_start,
+            nd,
+            mut base,
+            base_s,
+            ..
+        } = k;
         base.push(base_s);
         base.shrink_to_fit();
         stratum_start.push(t.len() as u32);
