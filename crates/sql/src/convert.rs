@@ -746,9 +746,16 @@ pub fn read_long_from(
             None => None,
         };
         let (rows, covs) = (rows.values(), covs.values());
-        for i in 0..batch.num_rows() {
-            let v = values.as_ref().and_then(|a| opt_f64(a, i)).unwrap_or(1.0);
-            builder.push_covariate(rows[i], covs[i], v);
+        match &values {
+            // A NULL value counts as 1 (the entry is present).
+            Some(a) if a.null_count() > 0 => {
+                for i in 0..batch.num_rows() {
+                    let v = opt_f64(a, i).unwrap_or(1.0);
+                    builder.push_covariate(rows[i], covs[i], v);
+                }
+            }
+            Some(a) => builder.push_covariates(rows, covs, Some(&a.values()[..])),
+            None => builder.push_covariates(rows, covs, None),
         }
         row0 += batch.num_rows();
     }

@@ -962,11 +962,37 @@ impl DesignBuilder {
     }
 
     /// Row index of `row_id` among the outcomes pushed so far.
+    #[inline]
     fn row_of(&self, row_id: i64) -> Option<u32> {
         self.row_lookup.find(&self.outcomes.row_id, row_id)
     }
 
+    /// [`Self::push_covariate`] for each entry of the slices, in order (`values`: 1 for every
+    /// entry when `None`): one call per batch of a long-format source.
+    ///
+    /// # Panics
+    /// If the slices differ in length.
+    pub fn push_covariates(&mut self, row_ids: &[i64], covariate_ids: &[i64], values: Option<&[f64]>) {
+        assert!(
+            row_ids.len() == covariate_ids.len() && values.is_none_or(|v| v.len() == row_ids.len()),
+            "covariate columns of different lengths"
+        );
+        match values {
+            None => {
+                for (&row_id, &covariate_id) in row_ids.iter().zip(covariate_ids) {
+                    self.push_covariate(row_id, covariate_id, 1.0);
+                }
+            }
+            Some(values) => {
+                for ((&row_id, &covariate_id), &v) in row_ids.iter().zip(covariate_ids).zip(values) {
+                    self.push_covariate(row_id, covariate_id, v);
+                }
+            }
+        }
+    }
+
     /// Add one covariate entry. Zero values are dropped (after the duplicate check).
+    #[inline]
     pub fn push_covariate(&mut self, row_id: i64, covariate_id: i64, value: f64) {
         let seq = self.n_pushed;
         self.n_pushed += 1;
@@ -976,32 +1002,10 @@ impl DesignBuilder {
         }
     }
 
+    #[inline]
     fn add_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
-        if covariate_id == INTERCEPT_ID {
-            if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
-                let e = Error::BadValue {
-                    row: row as usize,
-                    row_id,
-                    column: "covariate_id".into(),
-                    message: format!(
-                        "covariate id {INTERCEPT_ID} is reserved (it marks the intercept); \
-                         renumber this covariate"
-                    ),
-                };
-                self.first_non_finite = Some((seq, e));
-            }
-            return;
-        }
-        if !value.is_finite() {
-            if self.first_non_finite.as_ref().is_none_or(|(s, _)| seq < *s) {
-                let e = Error::BadValue {
-                    row: row as usize,
-                    row_id,
-                    column: "covariate_value".into(),
-                    message: format!("covariate {covariate_id} has non-finite value {value}"),
-                };
-                self.first_non_finite = Some((seq, e));
-            }
+        if covariate_id == INTERCEPT_ID || !value.is_finite() {
+            self.bad_entry(seq, row, row_id, covariate_id, value);
             return;
         }
         let next = self.columns.len() as u32;
@@ -1030,6 +1034,37 @@ impl DesignBuilder {
             });
         }
         self.columns[k as usize].push(row, value);
+    }
+
+    /// Record a covariate entry that cannot be used (the reserved intercept id, a value that
+    /// is not finite) when it is the first such entry pushed; the build then fails with it.
+    #[cold]
+    #[inline(never)]
+    fn bad_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
+        if self.first_non_finite.as_ref().is_some_and(|(s, _)| *s <= seq) {
+            return;
+        }
+        let (column, message) = if covariate_id == INTERCEPT_ID {
+            (
+                "covariate_id",
+                format!(
+                    "covariate id {INTERCEPT_ID} is reserved (it marks the intercept); \
+                     renumber this covariate"
+                ),
+            )
+        } else {
+            (
+                "covariate_value",
+                format!("covariate {covariate_id} has non-finite value {value}"),
+            )
+        };
+        let e = Error::BadValue {
+            row: row as usize,
+            row_id,
+            column: column.into(),
+            message,
+        };
+        self.first_non_finite = Some((seq, e));
     }
 
     /// Give a covariate a display name.

@@ -89,12 +89,34 @@ impl Values {
     }
 
     /// `v` stored in the narrowest form that holds every value exactly (one scan for the
-    /// form, one for the copy).
+    /// form — two when the values are not all integers but may fit f32 —, one for the copy).
     fn from_f64(v: Vec<f64>) -> Self {
-        let form = [Form::U8, Form::U16, Form::U32, Form::F32]
-            .into_iter()
-            .find(|f| v.iter().all(|&x| f.holds(x)))
-            .unwrap_or(Form::F64);
+        // Whether every value is an integer in u32's range (then the largest picks the form),
+        // in blocks, so that non-integral data stops early.
+        let mut integral = true;
+        let mut max = 0u32;
+        for block in v.chunks(1024) {
+            for &x in block {
+                integral &= Form::U32.holds(x);
+                max = max.max(x as u32);
+            }
+            if !integral {
+                break;
+            }
+        }
+        let form = if integral {
+            if max <= u32::from(u8::MAX) {
+                Form::U8
+            } else if max <= u32::from(u16::MAX) {
+                Form::U16
+            } else {
+                Form::U32
+            }
+        } else if v.iter().all(|&x| Form::F32.holds(x)) {
+            Form::F32
+        } else {
+            Form::F64
+        };
         match form {
             Form::U8 => Values::U8(v.iter().map(|&x| x as u8).collect()),
             Form::U16 => Values::U16(v.iter().map(|&x| x as u16).collect()),
@@ -866,6 +888,35 @@ mod tests {
             // Stored values keep their form.
             let stored: Vec<u16> = v.iter().map(|&x| x as u16).collect();
             assert_eq!(Values::from_stored(stored).form(), Form::U16);
+        }
+    }
+
+    /// The form of a converted vector is the first of u8, u16, u32, f32 that holds every value,
+    /// also when the deciding value lies past the first blocks of the scan.
+    #[test]
+    fn conversion_picks_the_narrowest_form_across_blocks() {
+        let first_holding = |v: &[f64]| {
+            [Form::U8, Form::U16, Form::U32, Form::F32]
+                .into_iter()
+                .find(|f| v.iter().all(|&x| f.holds(x)))
+                .unwrap_or(Form::F64)
+        };
+        for (at, x) in [
+            (2500, 0.5),
+            (2500, 300.0),
+            (1023, 70000.0),
+            (1024, 4294967295.0),
+            (2999, -0.0),
+            (0, 0.1),
+            (1500, f64::NAN),
+        ] {
+            let mut v: Vec<f64> = (0..3000).map(|i| f64::from(i % 200)).collect();
+            v[at] = x;
+            let want = first_holding(&v);
+            let got = Values::from(v.clone());
+            assert_eq!(got.form(), want, "{x} at {at}");
+            let bits: Vec<u64> = got.iter().map(f64::to_bits).collect();
+            assert_eq!(bits, v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         }
     }
 

@@ -291,6 +291,10 @@ fn merge_rows(
     }
 }
 
+/// Strata with at most this many covered rows are grouped by comparing each row with the
+/// groups found so far (no hash table to clear per stratum).
+const SMALL_STRATUM: usize = 16;
+
 /// Rows with at least this many entries are never merged (their count saturates).
 const MANY_ENTRIES: u8 = u8::MAX;
 
@@ -313,14 +317,42 @@ fn group_rows(
     let mut table: Vec<(u32, u32, u32)> = Vec::new();
     let mut next = 0u32;
     let same_offset = |a: usize, b: usize| offset.is_none_or(|o| o[a].to_bits() == o[b].to_bits());
+    // Small strata (most SCCS cases) compare each row with the stratum's groups so far.
+    let mut groups: Vec<(u32, u32, u32)> = Vec::with_capacity(SMALL_STRATUM);
     for w in stratum_start.windows(2) {
         let (a, b) = (w[0] as usize, w[1] as usize);
         merged_start.push(next);
+        let alone = |p: usize| nnz[p] == MANY_ENTRIES || single.get(p).copied().unwrap_or(false);
+        if b - a <= SMALL_STRATUM {
+            groups.clear();
+            for p in a..b {
+                let h = of[p];
+                let found = (!alone(p))
+                    .then(|| {
+                        groups.iter().find(|&&(hs, _, leader)| {
+                            let leader = leader as usize;
+                            hs == h && nnz[leader] == nnz[p] && same_offset(leader, p)
+                        })
+                    })
+                    .flatten();
+                match found {
+                    Some(&(_, m, _)) => of[p] = m,
+                    None => {
+                        if !alone(p) {
+                            groups.push((h, next, p as u32));
+                        }
+                        of[p] = next | LEADER;
+                        next += 1;
+                    }
+                }
+            }
+            continue;
+        }
         let size = ((b - a) * 2).next_power_of_two().max(4);
         table.clear();
         table.resize(size, (0, 0, 0));
         for p in a..b {
-            if nnz[p] == MANY_ENTRIES || single.get(p).copied().unwrap_or(false) {
+            if alone(p) {
                 of[p] = next | LEADER;
                 next += 1;
                 continue;
