@@ -101,9 +101,10 @@ pub fn check_information_of(
     keep: &(dyn Fn(usize) -> bool + Sync),
 ) -> Result<()> {
     let rows = || (0..x.n_rows()).filter(|&i| keep(i));
-    let n = rows().count();
     if let Some(w) = &x.rows.weight {
         if rows().all(|i| w[i] == 0.0) {
+            // Counted only here: the scans below stop at the first row that passes.
+            let n = rows().count();
             return Err(Error::Empty(format!(
                 "{}: all {n} row weights are 0, so the data carry no information",
                 kind.name()

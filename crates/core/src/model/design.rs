@@ -1113,7 +1113,19 @@ impl DesignBuilder {
             "censor_weight",
             "is NULL while other rows have one",
         )?;
-        for i in 0..n {
+        // The row-by-row checks below, skipped when they cannot fail: no duplicate, no optional
+        // column, time and y finite (two typed scans; none for integer forms).
+        let non_finite = |v: &Values| {
+            !v.is_unsigned_integer_form() && v.position(|x| !x.is_finite()).is_some()
+        };
+        let check_rows = self.first_duplicate_row.is_some()
+            || o.weight.values.is_some()
+            || o.start_time.values.is_some()
+            || o.offset.values.is_some()
+            || o.censor_weight.values.is_some()
+            || non_finite(&o.time)
+            || non_finite(&o.y);
+        for i in if check_rows { 0..n } else { 0..0 } {
             let row_id = o.row_id.get(i);
             if self.first_duplicate_row == Some(i) {
                 return Err(Error::DuplicateRow { row_id });

@@ -957,8 +957,11 @@ impl ConditionalPoisson {
             internal.bits.clone_from(&covered.bits);
             let mut n_kc = 0usize;
             let (t_kept, y_kept) = with_values!(&r.time, ts => with_values!(&r.y, ys => {
-                let mut t_kept = Vec::with_capacity(most_rows);
-                let mut y_kept = Vec::with_capacity(most_rows);
+                // Every row's t and y are written at the next covered slot, which only advances
+                // past covered rows (no branch on a row's coverage); the slot after the last
+                // covered row is cut off at the end.
+                let mut t_kept = vec![Default::default(); most_rows + 1];
+                let mut y_kept = vec![Default::default(); most_rows + 1];
                 for (stratum, rows) in r.stratum.runs() {
                     if n_in[stratum as usize] <= 0.0 {
                         rows.for_each(|i| internal.remove(i));
@@ -967,18 +970,20 @@ impl ConditionalPoisson {
                     // Every row of the stratum is kept (no weights): n_s is its sum of y over
                     // all its runs, already in `n_in`.
                     k.enter(stratum, n_kc, n_in[stratum as usize]);
+                    let mut base_s = k.base_s;
                     for i in rows {
                         let c = covered.contains(i);
-                        if c {
-                            t_kept.push(ts[i]);
-                            y_kept.push(ys[i]);
-                        }
+                        t_kept[n_kc] = ts[i];
+                        y_kept[n_kc] = ys[i];
                         n_kc += usize::from(c);
                         // Adding +0 leaves the sum unchanged (it starts at +0).
                         let ti = if unit_time { 1.0 } else { f64::from(ts[i]) };
-                        k.base_s += if c { 0.0 } else { ti };
+                        base_s += if c { 0.0 } else { ti };
                     }
+                    k.base_s = base_s;
                 }
+                t_kept.truncate(n_kc);
+                y_kept.truncate(n_kc);
                 (Values::from_stored(t_kept), Values::from_stored(y_kept))
             }));
             t = if unit_time {
