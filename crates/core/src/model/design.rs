@@ -972,7 +972,12 @@ impl DesignBuilder {
     ///
     /// # Panics
     /// If the slices differ in length.
-    pub fn push_covariates(&mut self, row_ids: &[i64], covariate_ids: &[i64], values: Option<&[f64]>) {
+    pub fn push_covariates(
+        &mut self,
+        row_ids: &[i64],
+        covariate_ids: &[i64],
+        values: Option<&[f64]>,
+    ) {
         assert!(
             row_ids.len() == covariate_ids.len() && values.is_none_or(|v| v.len() == row_ids.len()),
             "covariate columns of different lengths"
@@ -984,7 +989,8 @@ impl DesignBuilder {
                 }
             }
             Some(values) => {
-                for ((&row_id, &covariate_id), &v) in row_ids.iter().zip(covariate_ids).zip(values) {
+                for ((&row_id, &covariate_id), &v) in row_ids.iter().zip(covariate_ids).zip(values)
+                {
                     self.push_covariate(row_id, covariate_id, v);
                 }
             }
@@ -1041,7 +1047,11 @@ impl DesignBuilder {
     #[cold]
     #[inline(never)]
     fn bad_entry(&mut self, seq: u64, row: u32, row_id: i64, covariate_id: i64, value: f64) {
-        if self.first_non_finite.as_ref().is_some_and(|(s, _)| *s <= seq) {
+        if self
+            .first_non_finite
+            .as_ref()
+            .is_some_and(|(s, _)| *s <= seq)
+        {
             return;
         }
         let (column, message) = if covariate_id == INTERCEPT_ID {
@@ -1115,9 +1125,8 @@ impl DesignBuilder {
         )?;
         // The row-by-row checks below, skipped when they cannot fail: no duplicate, no optional
         // column, time and y finite (two typed scans; none for integer forms).
-        let non_finite = |v: &Values| {
-            !v.is_unsigned_integer_form() && v.position(|x| !x.is_finite()).is_some()
-        };
+        let non_finite =
+            |v: &Values| !v.is_unsigned_integer_form() && v.position(|x| !x.is_finite()).is_some();
         let check_rows = self.first_duplicate_row.is_some()
             || o.weight.values.is_some()
             || o.start_time.values.is_some()

@@ -334,9 +334,7 @@ pub(crate) fn cpu_likelihood_owned_checked(
     // The row data is dropped before the columns are converted.
     match kind {
         ModelKind::Cox => return Ok(Box::new(cox::Cox::from_owned(x, opts.ties)?)),
-        ModelKind::FineGray => {
-            return Ok(Box::new(fine_gray::FineGray::from_owned(x, opts.ties)?))
-        }
+        ModelKind::FineGray => return Ok(Box::new(fine_gray::FineGray::from_owned(x, opts.ties)?)),
         ModelKind::ConditionalPoisson => {
             return Ok(Box::new(sccs::ConditionalPoisson::from_owned(x)?))
         }
