@@ -1458,6 +1458,94 @@ mod tests {
         }
     }
 
+    /// Covariate batches (pushed a batch at a time) build what the entries pushed one by one
+    /// build: with values, with a NULL value (counted as 1), without a value column, and in two
+    /// batches.
+    #[test]
+    fn covariate_batches_build_what_single_entries_build() {
+        let outcome_schema = Arc::new(Schema::new(vec![
+            Field::new("row_id", DataType::Int64, false),
+            Field::new("stratum_id", DataType::Int64, false),
+            Field::new("time", DataType::Float64, false),
+            Field::new("y", DataType::Float64, false),
+        ]));
+        let outcomes = || {
+            let batch = RecordBatch::try_new(
+                outcome_schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
+                    Arc::new(Int64Array::from(vec![10, 10, 20, 20])),
+                    Arc::new(Float64Array::from(vec![5.0, 3.0, 7.5, 2.0])),
+                    Arc::new(Float64Array::from(vec![1.0, 0.0, 1.0, 0.0])),
+                ],
+            )
+            .unwrap();
+            BatchSource::from_batches("o", outcome_schema.clone(), vec![batch])
+        };
+        let rows = vec![1i64, 2, 3, 1, 4, 3];
+        let covs = vec![100i64, 100, 200, 200, 100, 300];
+        let values = [Some(1.0), Some(0.5), None, Some(2.0), Some(0.0), Some(3.0)];
+        let expected = |with_values: bool| {
+            let (mut b, _) = read_long_from(
+                outcomes(),
+                BatchSource::from_batches(
+                    "none",
+                    Arc::new(Schema::new(vec![
+                        Field::new("row_id", DataType::Int64, false),
+                        Field::new("covariate_id", DataType::Int64, false),
+                    ])),
+                    vec![],
+                ),
+                &ReadOptions::default(),
+            )
+            .unwrap();
+            for k in 0..rows.len() {
+                let v = if with_values { values[k].unwrap_or(1.0) } else { 1.0 };
+                b.push_covariate(rows[k], covs[k], v);
+            }
+            b.build().unwrap()
+        };
+        for (with_values, nulls, cut) in [
+            (true, false, 6),
+            (true, true, 6),
+            (false, false, 6),
+            (true, true, 2),
+            (false, false, 3),
+        ] {
+            let mut fields = vec![
+                Field::new("row_id", DataType::Int64, false),
+                Field::new("covariate_id", DataType::Int64, false),
+            ];
+            if with_values {
+                fields.push(Field::new("covariate_value", DataType::Float64, true));
+            }
+            let schema = Arc::new(Schema::new(fields));
+            let batch = |r: std::ops::Range<usize>| {
+                let mut cols: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from(rows[r.clone()].to_vec())),
+                    Arc::new(Int64Array::from(covs[r.clone()].to_vec())),
+                ];
+                if with_values {
+                    let v: Vec<Option<f64>> = values[r]
+                        .iter()
+                        .map(|v| if nulls { *v } else { Some(v.unwrap_or(1.0)) })
+                        .collect();
+                    cols.push(Arc::new(Float64Array::from(v)));
+                }
+                RecordBatch::try_new(schema.clone(), cols).unwrap()
+            };
+            let batches = vec![batch(0..cut), batch(cut..rows.len())];
+            let (b, rep) = read_long_from(
+                outcomes(),
+                BatchSource::from_batches("c", schema.clone(), batches),
+                &ReadOptions::default(),
+            )
+            .unwrap();
+            assert_eq!(rep.covariate_entries, rows.len());
+            same_design(&b.build().unwrap(), &expected(with_values));
+        }
+    }
+
     const OUTCOMES: &str = "row_id,stratum_id,time,y\n1,10,5,1\n2,10,3,0\n3,20,7.5,1\n";
     const COVARIATES: &str =
         "row_id,covariate_id,covariate_value\n1,100,1\n2,100,1\n3,200,2.5\n1,200,1\n";
