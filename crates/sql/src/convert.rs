@@ -1482,8 +1482,8 @@ mod tests {
             .unwrap();
             BatchSource::from_batches("o", outcome_schema.clone(), vec![batch])
         };
-        let rows = vec![1i64, 2, 3, 1, 4, 3];
-        let covs = vec![100i64, 100, 200, 200, 100, 300];
+        let rows = [1i64, 2, 3, 1, 4, 3];
+        let covs = [100i64, 100, 200, 200, 100, 300];
         let values = [Some(1.0), Some(0.5), None, Some(2.0), Some(0.0), Some(3.0)];
         let expected = |with_values: bool| {
             let (mut b, _) = read_long_from(
@@ -1499,9 +1499,9 @@ mod tests {
                 &ReadOptions::default(),
             )
             .unwrap();
-            for k in 0..rows.len() {
-                let v = if with_values { values[k].unwrap_or(1.0) } else { 1.0 };
-                b.push_covariate(rows[k], covs[k], v);
+            for ((&row, &cov), v) in rows.iter().zip(&covs).zip(&values) {
+                let v = if with_values { v.unwrap_or(1.0) } else { 1.0 };
+                b.push_covariate(row, cov, v);
             }
             b.build().unwrap()
         };
