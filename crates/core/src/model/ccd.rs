@@ -127,7 +127,10 @@
 //! [`CcdOptions::fit_default`] (`optimality`).
 //!
 //! The likelihood's state is recomputed from scratch at the start of every cycle (incremental
-//! updates drift) and the reported log-likelihood is always a from-scratch value. Nothing here
+//! updates drift; the conditional Poisson likelihood re-sums its denominators instead, and
+//! skips that after cycles of small steps, whose additive updates cannot cancel — see
+//! `model/sccs.rs`, "Denominators"), and the reported log-likelihood is computed from that
+//! state. Nothing here
 //! depends on the number of threads: the Newton block uses the likelihood's own
 //! (thread-independent) gradient and information and a sequential dense solve.
 

@@ -68,6 +68,42 @@ impl Form {
             .unwrap_or(Form::F64)
     }
 
+    /// The narrowest form that holds every value of `current` and of `v` — the same as
+    /// widening value by value with [`Form::widened`], but scanned in blocks with the form
+    /// fixed (no dispatch or branch per value).
+    fn holding(current: Form, v: &[f64]) -> Form {
+        /// Position of the first value `holds` rejects.
+        #[inline(always)]
+        fn first_not(v: &[f64], holds: impl Fn(f64) -> bool) -> Option<usize> {
+            const BLOCK: usize = 256;
+            v.chunks(BLOCK).enumerate().find_map(|(b, block)| {
+                if block.iter().fold(true, |all, &x| all & holds(x)) {
+                    None
+                } else {
+                    block.iter().position(|&x| !holds(x)).map(|k| b * BLOCK + k)
+                }
+            })
+        }
+        let mut form = current;
+        let mut rest = v;
+        loop {
+            let bad = match form {
+                Form::U8 => first_not(rest, |x| Form::U8.holds(x)),
+                Form::U16 => first_not(rest, |x| Form::U16.holds(x)),
+                Form::U32 => first_not(rest, |x| Form::U32.holds(x)),
+                Form::F32 => first_not(rest, |x| Form::F32.holds(x)),
+                Form::F64 => None,
+            };
+            match bad {
+                None => return form,
+                Some(k) => {
+                    form = Form::widened(form, rest[k]);
+                    rest = &rest[k + 1..];
+                }
+            }
+        }
+    }
+
     /// Whether every value of form `other` is held by this one.
     fn contains(self, other: Form) -> bool {
         match self {
@@ -222,12 +258,7 @@ impl Values {
     /// widened once, then the slice copied in a typed loop).
     pub fn extend_from_slice(&mut self, v: &[f64]) {
         let current = self.form();
-        let mut form = current;
-        for &x in v {
-            if !form.holds(x) {
-                form = Form::widened(form, x);
-            }
-        }
+        let form = Form::holding(current, v);
         if form != current {
             self.widen_to(form, v.len());
         }
@@ -888,6 +919,33 @@ mod tests {
             // Stored values keep their form.
             let stored: Vec<u16> = v.iter().map(|&x| x as u16).collect();
             assert_eq!(Values::from_stored(stored).form(), Form::U16);
+        }
+    }
+
+    /// A long slice appended stores what pushing its values one by one stores (form and bits),
+    /// also when the values that widen the form lie past the first blocks of the scan, one
+    /// after another.
+    #[test]
+    fn appended_slices_widen_like_pushes_across_blocks() {
+        let specials = [300.0, 70000.0, 0.5, 1e300, -1.0, f64::NAN, -0.0, 5e9];
+        for (a, &first) in specials.iter().enumerate() {
+            for &at in &[0usize, 255, 256, 700, 999] {
+                let mut v: Vec<f64> = (0..1000).map(|k| (k % 7) as f64).collect();
+                v[at] = first;
+                // A second, wider value later on.
+                let second = specials[(a + 3) % specials.len()];
+                v[(at + 300).min(999)] = second;
+                for start in [Values::new(), Values::from(vec![2.0, 40000.0])] {
+                    let mut pushed = start.clone();
+                    v.iter().for_each(|&x| pushed.push(x));
+                    let mut appended = start.clone();
+                    appended.extend_from_slice(&v[..at.min(500)]);
+                    appended.extend_from_slice(&v[at.min(500)..]);
+                    assert_eq!(appended.form(), pushed.form(), "{first} at {at}, {second}");
+                    let bits = |x: &Values| x.iter().map(f64::to_bits).collect::<Vec<_>>();
+                    assert_eq!(bits(&appended), bits(&pushed), "{first} at {at}");
+                }
+            }
         }
     }
 

@@ -48,14 +48,31 @@
 //! Updates of large columns run chunk-parallel too: chunks cover disjoint ranges of strata, so
 //! each D_s is changed by one chunk with the same arithmetic as a sequential loop.
 //!
+//! # Denominators
+//!
+//! An update of β_j changes each touched D_s additively (D_s += Σ_run t e (e^δ − 1)) and
+//! each touched t_k e_k multiplicatively. The additive updates can cancel: a large negative
+//! step can shrink D_s by orders of magnitude, and its rounding is then relative to the old,
+//! larger D_s. So after a cycle (the driver's `set_beta` with the β the updates reached) D_s
+//! is re-summed from the t_k e_k (no exponentials) — only for the strata of the columns that
+//! moved, bit for bit what a full re-sum gives. The re-sum is skipped when every step since
+//! the last one was small, |e^{|δ| max_k |x_kj|} − 1| ≤ 2⁻¹³ (at most 32 times in a row):
+//! each update then changes D_s by at most that fraction, no cancellation can occur, and the
+//! additive rounding of D_s (≤ 1.1 u per update touching s, u = 2⁻⁵³) is of the order of the
+//! multiplicative rounding the t_k e_k themselves carry (u per update of a row), which no
+//! re-sum removes. Converging cycles take such steps: on the DESIGN §10 SCCS fit 7 of 12
+//! re-sums are skipped. A new β (`set_beta` elsewhere, Anderson trial points) recomputes the
+//! whole state.
+//!
 //! Rows without any covariate keep no per-row state: they enter D_s through a per-stratum
 //! constant (Σ t e^offset), so `set_beta` touches only rows that carry covariates. The gather
 //! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
 //! On the bench recipe at 1e6 cases (`examples/sccs_speed.rs 1000000`: 18M rows, 12.2M
 //! covered, 17.3M nonzeros, J = 1000, Laplace λ = 3, one thread, the default optimality rule)
-//! the setup takes ≈ 1.1 CPU-s and the fit ≈ 1.4 s (12 iterations) on this project's 2-core
+//! the setup takes ≈ 1.1 CPU-s and the fit ≈ 1.3 s (12 iterations) on this project's 2-core
 //! machine (1.5 s and 1.5 s before the build's row passes were typed and the Anderson trial
-//! point checkpointed). Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`) is
+//! point checkpointed; 1.34 s before re-sums of the denominators were skipped after small
+//! steps). Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`) is
 //! 212 MiB, 3.2× the CSC's 66 MiB: the merge's row map reuses the vector of its 32-bit row
 //! hashes, and its sums of t and y are narrowed one at a time.
 
@@ -74,6 +91,14 @@ pub const CHUNK_ENTRIES: usize = 1 << 15;
 
 /// Row blocks for the element-wise passes of `set_beta` (fixed, independent of threads).
 const ROW_BLOCK: usize = 1 << 16;
+
+/// Steps e^{|δ|·max|x|} − 1 up to this size (2⁻¹³) leave the denominators' additive updates
+/// free of cancellation: their re-sum after a cycle of such steps is skipped (module docs,
+/// "Denominators").
+const SMALL_STEP: f64 = 1.0 / 8192.0;
+
+/// At most this many re-sums in a row are skipped.
+const MAX_SKIPPED_SUMS: u32 = 32;
 
 /// Marks a row that is not kept internally.
 pub(crate) const DROPPED: u32 = u32::MAX;
@@ -539,6 +564,8 @@ struct StratumColumn {
     chunk_start: Vec<u32>,
     /// Σ_k y_k x_kj (constant).
     yx: f64,
+    /// max_k |x_kj| (1 for 0/1 columns): bounds a step's relative change of the state.
+    x_max: f64,
 }
 
 impl StratumColumn {
@@ -573,6 +600,9 @@ impl StratumColumn {
         }
         run_start.push(pos.len() as u32);
         chunk_start.push(run_stratum.len() as u32);
+        let x_max = val
+            .as_ref()
+            .map_or(1.0, |v| v.iter().fold(0.0, |m: f64, x| m.max(x.abs())));
         run_start.shrink_to_fit();
         run_stratum.shrink_to_fit();
         StratumColumn {
@@ -582,6 +612,7 @@ impl StratumColumn {
             run_stratum,
             chunk_start,
             yx,
+            x_max,
         }
     }
 
@@ -789,6 +820,15 @@ pub struct ConditionalPoisson {
     cols: Vec<StratumColumn>,
     /// Current coefficients.
     beta: Vec<f64>,
+    /// Columns updated since the denominators were last summed from te, in update order
+    /// (each once): only their strata can have drifted ([`Self::resum_moved`]).
+    moved: Vec<u32>,
+    /// Per column: whether it is in `moved`.
+    is_moved: Vec<bool>,
+    /// A step since the last sum was larger than [`SMALL_STEP`] (or not finite).
+    large_step: bool,
+    /// Re-sums skipped since the last sum.
+    skipped_sums: u32,
     /// A copy of (te, (n, D), β) kept by [`Likelihood::checkpoint`].
     saved: Option<Box<Checkpoint>>,
 }
@@ -799,6 +839,9 @@ struct Checkpoint {
     te: Vec<f64>,
     nd: Vec<[f64; 2]>,
     beta: Vec<f64>,
+    moved: Vec<u32>,
+    large_step: bool,
+    skipped_sums: u32,
 }
 
 impl ConditionalPoisson {
@@ -1070,6 +1113,10 @@ impl ConditionalPoisson {
             nd,
             n_kept_rows: n_kept,
             beta: vec![0.0; cols.len()],
+            moved: Vec::new(),
+            is_moved: vec![false; cols.len()],
+            large_step: false,
+            skipped_sums: 0,
             cols,
             saved: None,
         };
@@ -1096,9 +1143,49 @@ impl ConditionalPoisson {
     /// Recompute every D_s = base_s + Σ t_k e_k (element-wise per stratum, so independent of
     /// the number of threads).
     fn recompute_denominators(&mut self) {
+        self.resum(None);
+    }
+
+    /// Re-sum the denominators that the updates since the last sum can have moved: those of
+    /// the strata of the moved columns' runs (every other D_s still equals its sum from te:
+    /// its rows' te and D_s have not changed since). Each D_s is summed exactly as by
+    /// [`Self::recompute_denominators`], so the state is bit for bit the one a full re-sum
+    /// gives; only the work shrinks (cycles over the active set move few columns).
+    fn resum_moved(&mut self) {
+        let runs: usize = self
+            .moved
+            .iter()
+            .map(|&j| self.cols[j as usize].run_stratum.len())
+            .sum();
+        if runs == 0 {
+            return;
+        }
+        if runs >= self.nd.len() / 4 {
+            // Most strata are touched: marking them would cost about as much as the sums.
+            return self.resum(None);
+        }
+        let mut marked = vec![0u64; self.nd.len().div_ceil(64)];
+        for &j in &self.moved {
+            for &s in &self.cols[j as usize].run_stratum {
+                marked[s as usize / 64] |= 1 << (s % 64);
+            }
+        }
+        self.resum(Some(&marked));
+    }
+
+    /// Sum D_s from te for the strata marked in `marked` (a bitmap over strata; `None`: all),
+    /// and forget the moved columns.
+    fn resum(&mut self, marked: Option<&[u64]>) {
+        for &j in &self.moved {
+            self.is_moved[j as usize] = false;
+        }
+        self.moved.clear();
+        self.large_step = false;
+        self.skipped_sums = 0;
         let te = &self.te;
         let ss = &self.stratum_start;
         let base = &self.base;
+        // A multiple of 64: a chunk's strata are whole words of the bitmap.
         const STRATA: usize = ROW_BLOCK / 16;
         self.nd
             .par_chunks_mut(STRATA)
@@ -1106,10 +1193,27 @@ impl ConditionalPoisson {
             .for_each(|(c, nds)| {
                 let s0 = c * STRATA;
                 with_values!(base, bv => {
-                    for (k, nd) in nds.iter_mut().enumerate() {
-                        let s = s0 + k;
+                    let sum = |nd: &mut [f64; 2], s: usize| {
                         let covered = &te[ss[s] as usize..ss[s + 1] as usize];
                         nd[1] = covered.iter().fold(f64::from(bv[s]), |acc, &e| acc + e);
+                    };
+                    match marked {
+                        None => {
+                            for (k, nd) in nds.iter_mut().enumerate() {
+                                sum(nd, s0 + k);
+                            }
+                        }
+                        Some(m) => {
+                            let words = &m[s0 / 64..(s0 + nds.len()).div_ceil(64)];
+                            for (w, &word) in words.iter().enumerate() {
+                                let mut bits = word;
+                                while bits != 0 {
+                                    let k = w * 64 + bits.trailing_zeros() as usize;
+                                    bits &= bits - 1;
+                                    sum(&mut nds[k], s0 + k);
+                                }
+                            }
+                        }
                     }
                 })
             });
@@ -1166,8 +1270,17 @@ impl Likelihood for ConditionalPoisson {
             // The state already belongs to β (the updates since the last full computation
             // moved it there, multiplicatively: te_k ·= e^{Δx}, relative rounding only).
             // Re-sum the denominators from te, which bounds the drift of their additive
-            // updates (they may shrink by orders of magnitude), without the N exponentials.
-            self.recompute_denominators();
+            // updates (they may shrink by orders of magnitude), without the N exponentials —
+            // those the updates since the last sum can have moved; skipped after small steps
+            // (module docs, "Denominators").
+            if self.moved.is_empty() {
+                return;
+            }
+            if !self.large_step && self.skipped_sums < MAX_SKIPPED_SUMS {
+                self.skipped_sums += 1;
+                return;
+            }
+            self.resum_moved();
             return;
         }
         self.compute_state(beta);
@@ -1201,7 +1314,14 @@ impl Likelihood for ConditionalPoisson {
             return;
         }
         self.beta[j] += delta;
+        if !self.is_moved[j] {
+            self.is_moved[j] = true;
+            self.moved.push(j as u32);
+        }
         let col = &self.cols[j];
+        // A NaN step counts as large.
+        let change = (delta.abs() * col.x_max).exp_m1();
+        self.large_step |= change.is_nan() || change > SMALL_STEP;
         let n_chunks = col.n_chunks();
         if n_chunks <= 1 {
             col.update_runs(
@@ -1326,6 +1446,9 @@ impl Likelihood for ConditionalPoisson {
             te: self.te.clone(),
             nd: self.nd.clone(),
             beta: self.beta.clone(),
+            moved: self.moved.clone(),
+            large_step: self.large_step,
+            skipped_sums: self.skipped_sums,
         }));
         true
     }
@@ -1336,6 +1459,15 @@ impl Likelihood for ConditionalPoisson {
             self.te = c.te;
             self.nd = c.nd;
             self.beta = c.beta;
+            for &j in &self.moved {
+                self.is_moved[j as usize] = false;
+            }
+            for &j in &c.moved {
+                self.is_moved[j as usize] = true;
+            }
+            self.moved = c.moved;
+            self.large_step = c.large_step;
+            self.skipped_sums = c.skipped_sums;
         }
     }
 
@@ -1521,6 +1653,95 @@ mod tests {
             let (g0, h0) = lik.gradient_hessian(2);
             assert!((g_inc - g0).abs() < 1e-10 && (h_inc - h0).abs() < 1e-10);
         }
+    }
+
+    /// After a cycle the denominators are re-summed when a step was large — for a column on
+    /// few strata only those strata, bit for bit what a full re-sum gives — and not after small
+    /// steps (at most `MAX_SKIPPED_SUMS` times in a row), the state then still agreeing with one
+    /// computed from scratch.
+    #[test]
+    fn denominators_are_resummed_after_large_steps_and_kept_after_small_ones() {
+        let mut rows = random_rows(5, 400, true);
+        // A column on the rows of a few strata.
+        for r in rows.iter_mut().filter(|r| r.1 % 50 == 0) {
+            r.5.push((2000, 1.0));
+        }
+        let x = design(&rows, true);
+        let mut lik = ConditionalPoisson::new(&x).unwrap();
+        let p = lik.n_coef();
+        let rare = p - 1;
+        assert!(lik.cols[rare].run_stratum.len() * 4 < lik.n_strata());
+        let summed = |lik: &ConditionalPoisson| {
+            let mut c = lik.clone();
+            c.recompute_denominators();
+            c.nd
+        };
+        let bits = |nd: &[[f64; 2]]| nd.iter().map(|d| d[1].to_bits()).collect::<Vec<_>>();
+        let mut beta = vec![0.0; p];
+        // Large steps: re-summed (the rare column alone: its strata only).
+        for (j, d) in [(rare, -3.0), (0, 0.8)] {
+            lik.update(j, d);
+            beta[j] += d;
+            let want = summed(&lik);
+            assert_ne!(
+                bits(&lik.nd),
+                bits(&want),
+                "the additive update rounds differently"
+            );
+            lik.set_beta(&beta);
+            assert_eq!(bits(&lik.nd), bits(&want));
+            assert!(lik.moved.is_empty() && lik.skipped_sums == 0);
+        }
+        // Small steps: kept, and within rounding of the state computed from scratch.
+        for (j, b) in beta.iter_mut().enumerate() {
+            let d = 1e-5 * (j as f64 + 1.0);
+            lik.update(j, d);
+            *b += d;
+        }
+        let before = lik.nd.clone();
+        lik.set_beta(&beta);
+        assert_eq!(lik.skipped_sums, 1);
+        assert_eq!(bits(&lik.nd), bits(&before));
+        let mut fresh = ConditionalPoisson::new(&x).unwrap();
+        fresh.set_beta(&beta);
+        let (ll, ll0) = (lik.log_likelihood(), fresh.log_likelihood());
+        assert!((ll - ll0).abs() <= 1e-13 * ll0.abs(), "{ll} vs {ll0}");
+        for j in 0..p {
+            let (g, h) = lik.gradient_hessian(j);
+            let (g0, h0) = fresh.gradient_hessian(j);
+            assert!((g - g0).abs() <= 1e-12 * h0.max(1.0), "g{j}: {g} vs {g0}");
+            assert!((h - h0).abs() <= 1e-12 * h0.max(1.0), "h{j}: {h} vs {h0}");
+        }
+        // A large step after small ones: re-summed again.
+        lik.update(1, 0.5);
+        beta[1] += 0.5;
+        let want = summed(&lik);
+        lik.set_beta(&beta);
+        assert_eq!(bits(&lik.nd), bits(&want));
+        assert_eq!(lik.skipped_sums, 0);
+        // Small steps skip at most MAX_SKIPPED_SUMS re-sums in a row.
+        for k in 1..=MAX_SKIPPED_SUMS + 1 {
+            lik.update(0, 1e-6);
+            beta[0] += 1e-6;
+            lik.set_beta(&beta);
+            assert_eq!(lik.skipped_sums, k % (MAX_SKIPPED_SUMS + 1));
+        }
+        // A restored checkpoint brings back what is owed: after small steps, a checkpoint, a
+        // new β and its restore, a large step still re-sums every moved column's strata.
+        lik.update(2, 1e-6);
+        beta[2] += 1e-6;
+        assert!(lik.checkpoint());
+        let mut other = beta.clone();
+        other[3] += 0.1;
+        lik.set_beta(&other);
+        lik.end_checkpoint(true);
+        assert_eq!(lik.beta, beta);
+        assert!(lik.moved.contains(&2) && lik.is_moved[2]);
+        lik.update(rare, 1.0);
+        beta[rare] += 1.0;
+        let want = summed(&lik);
+        lik.set_beta(&beta);
+        assert_eq!(bits(&lik.nd), bits(&want));
     }
 
     /// Strata whose rows repeat a few covariate patterns (0/1 and real values) and offsets.
