@@ -58,9 +58,10 @@
 //! moved, bit for bit what a full re-sum gives. The re-sum is skipped when every step since
 //! the last one was small, |e^{|δ| max_k |x_kj|} − 1| ≤ 2⁻¹³ (at most 32 times in a row):
 //! each update then changes D_s by at most that fraction, no cancellation can occur, and the
-//! additive rounding of D_s (≤ 1.1 u per update touching s, u = 2⁻⁵³) is of the order of the
-//! multiplicative rounding the t_k e_k themselves carry (u per update of a row), which no
-//! re-sum removes. Converging cycles take such steps: on the DESIGN §10 SCCS fit 7 of 12
+//! additive rounding of D_s — relative to D_s at most u(1 + 2⁻¹²(k + 2)) per update touching
+//! s (u = 2⁻⁵³, k the column's entries in s), times (1 − 2⁻¹³)^(−m) ≈ 1 for the m updates
+//! between two sums — is of the order of the multiplicative rounding the t_k e_k themselves
+//! carry (u per update of a row), which no re-sum removes. Converging cycles take such steps: on the DESIGN §10 SCCS fit 7 of 12
 //! re-sums are skipped. A new β (`set_beta` elsewhere, Anderson trial points) recomputes the
 //! whole state.
 //!
