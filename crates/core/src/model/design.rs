@@ -982,18 +982,8 @@ impl DesignBuilder {
             row_ids.len() == covariate_ids.len() && values.is_none_or(|v| v.len() == row_ids.len()),
             "covariate columns of different lengths"
         );
-        match values {
-            None => {
-                for (&row_id, &covariate_id) in row_ids.iter().zip(covariate_ids) {
-                    self.push_covariate(row_id, covariate_id, 1.0);
-                }
-            }
-            Some(values) => {
-                for ((&row_id, &covariate_id), &v) in row_ids.iter().zip(covariate_ids).zip(values)
-                {
-                    self.push_covariate(row_id, covariate_id, v);
-                }
-            }
+        for (i, (&row_id, &covariate_id)) in row_ids.iter().zip(covariate_ids).enumerate() {
+            self.push_covariate(row_id, covariate_id, values.map_or(1.0, |v| v[i]));
         }
     }
 

@@ -47,16 +47,38 @@ enum Form {
     F64,
 }
 
+/// 2⁵²: every f64 in [2⁵², 2⁵³) is an integer, one apart.
+const TWO_52: f64 = 4_503_599_627_370_496.0;
+
+/// `x` as an integer when `x` is an integer in [0, 2⁵²): x + 2⁵² is then exact and its
+/// mantissa bits are x. Any other `x` gives a value that is wrong but that
+/// [`holds_integer`] rejects. Branch-free float arithmetic, so loops over it vectorize
+/// (`x as u32` saturates and checks NaN per value).
+#[inline(always)]
+fn integer_bits(x: f64) -> u64 {
+    (x + TWO_52).to_bits().wrapping_sub(TWO_52.to_bits())
+}
+
+/// Whether `x` is an integer in [0, max] with the bits of that integer as f64 (so not −0.0)
+/// — `f64::from(x as uN).to_bits() == x.to_bits()` for `max = uN::MAX` (`max < 2⁵²`), without
+/// a conversion per value. For `x` in [0, 2⁵²), x + 2⁵² rounds `x` to an integer that
+/// subtracting 2⁵² returns exactly, so the round trip keeps the bits only for integers (and
+/// turns −0.0 into +0.0); [`integer_bits`] is then `x`. Every other `x` (negative, ≥ 2⁵²,
+/// NaN, infinite) leaves `integer_bits` above `max`, or fails the round trip.
+#[inline(always)]
+fn holds_integer(x: f64, max: u64) -> bool {
+    ((x + TWO_52) - TWO_52).to_bits() == x.to_bits() && integer_bits(x) <= max
+}
+
 impl Form {
     /// Whether `v` is returned exactly (bit for bit) by this form.
     #[inline]
     fn holds(self, v: f64) -> bool {
-        let bits = v.to_bits();
         match self {
-            Form::U8 => f64::from(v as u8).to_bits() == bits,
-            Form::U16 => f64::from(v as u16).to_bits() == bits,
-            Form::U32 => f64::from(v as u32).to_bits() == bits,
-            Form::F32 => f64::from(v as f32).to_bits() == bits,
+            Form::U8 => holds_integer(v, u64::from(u8::MAX)),
+            Form::U16 => holds_integer(v, u64::from(u16::MAX)),
+            Form::U32 => holds_integer(v, u64::from(u32::MAX)),
+            Form::F32 => f64::from(v as f32).to_bits() == v.to_bits(),
             Form::F64 => true,
         }
     }
@@ -130,20 +152,20 @@ impl Values {
         // Whether every value is an integer in u32's range (then the largest picks the form),
         // in blocks, so that non-integral data stops early.
         let mut integral = true;
-        let mut max = 0u32;
+        let mut max = 0u64;
         for block in v.chunks(1024) {
             for &x in block {
                 integral &= Form::U32.holds(x);
-                max = max.max(x as u32);
+                max = max.max(integer_bits(x));
             }
             if !integral {
                 break;
             }
         }
         let form = if integral {
-            if max <= u32::from(u8::MAX) {
+            if max <= u64::from(u8::MAX) {
                 Form::U8
-            } else if max <= u32::from(u16::MAX) {
+            } else if max <= u64::from(u16::MAX) {
                 Form::U16
             } else {
                 Form::U32
@@ -153,10 +175,11 @@ impl Values {
         } else {
             Form::F64
         };
+        // The integer forms hold integers in range: their bits are the values.
         match form {
-            Form::U8 => Values::U8(v.iter().map(|&x| x as u8).collect()),
-            Form::U16 => Values::U16(v.iter().map(|&x| x as u16).collect()),
-            Form::U32 => Values::U32(v.iter().map(|&x| x as u32).collect()),
+            Form::U8 => Values::U8(v.iter().map(|&x| integer_bits(x) as u8).collect()),
+            Form::U16 => Values::U16(v.iter().map(|&x| integer_bits(x) as u16).collect()),
+            Form::U32 => Values::U32(v.iter().map(|&x| integer_bits(x) as u32).collect()),
             Form::F32 => Values::F32(v.iter().map(|&x| x as f32).collect()),
             Form::F64 => Values::F64(v),
         }
@@ -263,9 +286,9 @@ impl Values {
             self.widen_to(form, v.len());
         }
         match self {
-            Values::U8(s) => s.extend(v.iter().map(|&x| x as u8)),
-            Values::U16(s) => s.extend(v.iter().map(|&x| x as u16)),
-            Values::U32(s) => s.extend(v.iter().map(|&x| x as u32)),
+            Values::U8(s) => s.extend(v.iter().map(|&x| integer_bits(x) as u8)),
+            Values::U16(s) => s.extend(v.iter().map(|&x| integer_bits(x) as u16)),
+            Values::U32(s) => s.extend(v.iter().map(|&x| integer_bits(x) as u32)),
             Values::F32(s) => s.extend(v.iter().map(|&x| x as f32)),
             Values::F64(s) => s.extend_from_slice(v),
         }
@@ -925,6 +948,82 @@ mod tests {
     /// A long slice appended stores what pushing its values one by one stores (form and bits),
     /// also when the values that widen the form lie past the first blocks of the scan, one
     /// after another.
+    #[test]
+    fn integer_test_and_bits_agree_with_the_form() {
+        // The definition: a value is held by uN when the round trip through uN keeps its bits.
+        let reference = |x: f64, max: u64| match max {
+            255 => f64::from(x as u8).to_bits() == x.to_bits(),
+            65_535 => f64::from(x as u16).to_bits() == x.to_bits(),
+            _ => f64::from(x as u32).to_bits() == x.to_bits(),
+        };
+        let mut xs = vec![
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            0.49999999999999994,
+            1.0,
+            -1.0,
+            254.5,
+            255.0,
+            255.5,
+            256.0,
+            65_535.0,
+            65_536.0,
+            4_294_967_295.0,
+            4_294_967_296.0,
+            -4_294_967_295.0,
+            TWO_52 - 1.0,
+            TWO_52,
+            TWO_52 + 1.0,
+            2.0 * TWO_52,
+            -TWO_52,
+            -2.0 * TWO_52,
+            f64::MIN_POSITIVE,
+            -f64::MIN_POSITIVE,
+            f64::from_bits(1),
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            f64::EPSILON,
+            1.0 + f64::EPSILON,
+            1.0 - f64::EPSILON / 2.0,
+        ];
+        // Random bit patterns and random numbers around the ranges' edges.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let r = next();
+            xs.push(f64::from_bits(r));
+            let scale = [1.0, 300.0, 70_000.0, 5e9][(r % 4) as usize];
+            let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+            xs.push((u * 2.0 - 0.1) * scale);
+            xs.push(((u * 2.0 - 0.1) * scale).round());
+        }
+        for &x in &xs {
+            for max in [255u64, 65_535, 4_294_967_295] {
+                let held = holds_integer(x, max);
+                assert_eq!(
+                    held,
+                    reference(x, max),
+                    "{x:e} ({:#x}) in 0..={max}",
+                    x.to_bits()
+                );
+                if held {
+                    assert_eq!(integer_bits(x), x as u64, "{x}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn appended_slices_widen_like_pushes_across_blocks() {
         let specials = [300.0, 70000.0, 0.5, 1e300, -1.0, f64::NAN, -0.0, 5e9];

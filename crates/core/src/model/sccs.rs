@@ -353,7 +353,8 @@ fn group_rows(
             groups.clear();
             for p in a..b {
                 let h = of[p];
-                let found = (!alone(p))
+                let lone = alone(p);
+                let found = (!lone)
                     .then(|| {
                         groups.iter().find(|&&(hs, _, leader)| {
                             let leader = leader as usize;
@@ -364,7 +365,7 @@ fn group_rows(
                 match found {
                     Some(&(_, m, _)) => of[p] = m,
                     None => {
-                        if !alone(p) {
+                        if !lone {
                             groups.push((h, next, p as u32));
                         }
                         of[p] = next | LEADER;
@@ -1141,16 +1142,10 @@ impl ConditionalPoisson {
         &self.beta
     }
 
-    /// Recompute every D_s = base_s + Σ t_k e_k (element-wise per stratum, so independent of
-    /// the number of threads).
-    fn recompute_denominators(&mut self) {
-        self.resum(None);
-    }
-
     /// Re-sum the denominators that the updates since the last sum can have moved: those of
     /// the strata of the moved columns' runs (every other D_s still equals its sum from te:
     /// its rows' te and D_s have not changed since). Each D_s is summed exactly as by
-    /// [`Self::recompute_denominators`], so the state is bit for bit the one a full re-sum
+    /// `resum(None)` (every D_s = base_s + Σ t_k e_k), so the state is bit for bit the one a full re-sum
     /// gives; only the work shrinks (cycles over the active set move few columns).
     fn resum_moved(&mut self) {
         let runs: usize = self
@@ -1174,7 +1169,8 @@ impl ConditionalPoisson {
         self.resum(Some(&marked));
     }
 
-    /// Sum D_s from te for the strata marked in `marked` (a bitmap over strata; `None`: all),
+    /// Sum D_s = base_s + Σ t_k e_k from te for the strata marked in `marked` (a bitmap over
+    /// strata; `None`: all; element-wise per stratum, so independent of the number of threads),
     /// and forget the moved columns.
     fn resum(&mut self, marked: Option<&[u64]>) {
         for &j in &self.moved {
@@ -1256,7 +1252,7 @@ impl ConditionalPoisson {
                     *e = if *e == 0.0 { ti } else { ti * e.exp() };
                 }
             });
-        self.recompute_denominators();
+        self.resum(None);
     }
 }
 
@@ -1674,7 +1670,7 @@ mod tests {
         assert!(lik.cols[rare].run_stratum.len() * 4 < lik.n_strata());
         let summed = |lik: &ConditionalPoisson| {
             let mut c = lik.clone();
-            c.recompute_denominators();
+            c.resum(None);
             c.nd
         };
         let bits = |nd: &[[f64; 2]]| nd.iter().map(|d| d[1].to_bits()).collect::<Vec<_>>();
