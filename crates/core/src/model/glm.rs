@@ -398,7 +398,7 @@ impl ConditionalLogistic {
     }
 }
 
-delegate_likelihood!(ConditionalLogistic, 0);
+delegate_likelihood!(ConditionalLogistic, 0, checkpoint);
 
 #[cfg(test)]
 // The dense reference implementations read best with explicit indices.
@@ -890,6 +890,19 @@ mod tests {
         }
         ll -= sums.iter().map(|d| d.ln()).sum::<f64>();
         assert!((clr.log_likelihood() - ll).abs() < 1e-10);
+        // It keeps checkpoints as the conditional Poisson it wraps does: a rejected trial
+        // point returns the state at β bit for bit.
+        let at_beta = clr.log_likelihood();
+        assert!(clr.checkpoint());
+        clr.set_beta(&[1.5, 0.2]);
+        assert_ne!(clr.log_likelihood().to_bits(), at_beta.to_bits());
+        clr.end_checkpoint(true);
+        assert_eq!(clr.log_likelihood().to_bits(), at_beta.to_bits());
+        assert_eq!(clr.gradient_hessian(0).0.to_bits(), {
+            let mut fresh = ConditionalLogistic::new(&x).unwrap();
+            fresh.set_beta(&beta);
+            fresh.gradient_hessian(0).0.to_bits()
+        });
         let priors = PriorSet::new(Prior::None, &[false, false]);
         let r = ccd::fit(&mut clr, &priors, &[0.0, 0.0], None, &tight()).unwrap();
         assert_eq!(r.status, FitStatus::Converged);

@@ -11,9 +11,11 @@
 //! * All accumulation is in `f64`.
 
 /// Implements [`Likelihood`] for a wrapper type by delegating every method to its field
-/// `$field` (a type with the same methods, inherent or through the trait).
+/// `$field` (a type with the same methods, inherent or through the trait); with `checkpoint`
+/// also [`Likelihood::checkpoint`] and [`Likelihood::end_checkpoint`] (else the wrapper keeps
+/// no checkpoints).
 macro_rules! delegate_likelihood {
-    ($t:ty, $field:tt) => {
+    ($t:ty, $field:tt { $($extra:tt)* }) => {
         impl $crate::model::Likelihood for $t {
             fn n_coef(&self) -> usize {
                 self.$field.n_coef()
@@ -51,7 +53,22 @@ macro_rules! delegate_likelihood {
             fn boxed_clone(&self) -> Box<dyn $crate::model::Likelihood> {
                 Box::new(self.clone())
             }
+            $($extra)*
         }
+    };
+    // `checkpoint`: the field keeps checkpoints too ([`Likelihood::checkpoint`]).
+    ($t:ty, $field:tt, checkpoint) => {
+        delegate_likelihood!($t, $field {
+            fn checkpoint(&mut self) -> bool {
+                self.$field.checkpoint()
+            }
+            fn end_checkpoint(&mut self, restore: bool) {
+                self.$field.end_checkpoint(restore)
+            }
+        });
+    };
+    ($t:ty, $field:tt) => {
+        delegate_likelihood!($t, $field {});
     };
 }
 
