@@ -56,7 +56,8 @@ macro_rules! delegate_likelihood {
             $($extra)*
         }
     };
-    // `checkpoint`: the field keeps checkpoints too ([`Likelihood::checkpoint`]).
+    // `checkpoint`: the field keeps checkpoints too ([`Likelihood::checkpoint`]) and is a
+    // likelihood over the same columns (its [`Likelihood::coordinate_cost`] is the wrapper's).
     ($t:ty, $field:tt, checkpoint) => {
         delegate_likelihood!($t, $field {
             fn checkpoint(&mut self) -> bool {
@@ -64,6 +65,9 @@ macro_rules! delegate_likelihood {
             }
             fn end_checkpoint(&mut self, restore: bool) {
                 self.$field.end_checkpoint(restore)
+            }
+            fn coordinate_cost(&self, j: usize) -> f64 {
+                self.$field.coordinate_cost(j)
             }
         });
     };
@@ -295,6 +299,12 @@ pub trait Likelihood: Send {
     /// parallel).
     fn gradient_hessians(&mut self, cols: &[usize]) -> Vec<(f64, f64)> {
         cols.iter().map(|&j| self.gradient_hessian(j)).collect()
+    }
+    /// The relative work of one gradient of coordinate `j` (its column's entries, say): what
+    /// coordinate descent weighs when it decides whether cycles over the active set pay
+    /// ([`crate::model::ccd`]). Default 1 (every coordinate alike).
+    fn coordinate_cost(&self, _j: usize) -> f64 {
+        1.0
     }
     /// Free scratch memory kept between calls (the end of a fit).
     fn release_scratch(&mut self) {}

@@ -1306,6 +1306,12 @@ impl Likelihood for ConditionalPoisson {
         (col.yx - np, h)
     }
 
+    /// A column's gradient walks its entries and, per run, its stratum's (n, D).
+    fn coordinate_cost(&self, j: usize) -> f64 {
+        let c = &self.cols[j];
+        (c.pos.len() + c.run_stratum.len()) as f64
+    }
+
     fn update(&mut self, j: usize, delta: f64) {
         if delta == 0.0 {
             return;
