@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use epifusion_core::bench::{cox_data, cpu_seconds, fine_gray_data};
-use epifusion_core::fit::{fit, FitOptions};
+use epifusion_core::fit::{fit_owned, FitOptions};
 use epifusion_core::model::cv::CvOptions;
 use epifusion_core::model::prior::Prior;
 use epifusion_core::model::ModelKind;
@@ -43,7 +43,8 @@ fn main() {
         }
     }
     let (cpu0, t0) = (cpu_seconds().unwrap_or(0.0), Instant::now());
-    let r = fit(&data.design, &opts).expect("fit");
+    // Consuming the design, as the SQL functions do.
+    let r = fit_owned(data.design, &opts).expect("fit");
     let (cpu, wall) = (
         cpu_seconds().unwrap_or(0.0) - cpu0,
         t0.elapsed().as_secs_f64(),

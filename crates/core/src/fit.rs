@@ -484,10 +484,18 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
 
 /// [`fit`] consuming the design matrix: the likelihood drops each column as soon as it has its
 /// own copy, and the row data once it is built, so peak memory stays near one copy of the
-/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation, the bootstrap
-/// and robust standard errors (Fine–Gray's default) need the design beside the likelihood, so
-/// with any of them this is [`fit`].
+/// columns (DESIGN.md §10). Results are identical to [`fit`]. Cross-validation of Cox and
+/// Fine–Gray runs its folds as row selections of the final fit's own model (no copy of the
+/// design is kept: [`cv::cross_validate_on`]). The bootstrap, robust standard errors
+/// (Fine–Gray's default) and the other models' cross-validation need the design beside the
+/// likelihood, so with any of them this is [`fit`].
 pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
+    let risk_set = matches!(opts.model, ModelKind::Cox | ModelKind::FineGray);
+    if let (Some(c), true) = (&opts.cv, risk_set) {
+        if !wants_bootstrap(opts) && !wants_robust(opts) {
+            return fit_owned_cv(design, opts, c);
+        }
+    }
     if opts.cv.is_some() || wants_bootstrap(opts) || wants_robust(opts) {
         return fit(&design, opts);
     }
@@ -522,6 +530,55 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
             None,
         )
         .map(|(r, _)| r)
+    })
+}
+
+/// [`fit_owned`] with cross-validation of a Cox or Fine–Gray model (no bootstrap, no robust
+/// standard errors): the model on every row is built once from the consumed design; the
+/// folds are row selections of clones of it and the final fit runs on it, so the design's
+/// columns are gone before the first fold (only its rows and column ids are kept for the fold
+/// plan). The same steps and results as [`fit`].
+fn fit_owned_cv(design: DesignMatrix, opts: &FitOptions, c: &CvOptions) -> Result<FitResult> {
+    opts.check()?;
+    let device = opts.device.resolve(opts.model, &design)?;
+    if device.gpu {
+        return fit(&design, opts);
+    }
+    with_threads(opts, move || {
+        let started = Instant::now();
+        degenerate::check_information(opts.model, &design)?;
+        let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
+        shape.check_exclude(opts)?;
+        let mut cv_opts = c.clone();
+        if cv_opts.start_variance.is_none() {
+            // The auto search's default start reads the columns: taken now.
+            cv_opts.start_variance = Some(cv::default_variance(&design));
+        }
+        let rows_only = design.without_entries();
+        let problem = problem_of(&rows_only, opts);
+        let run_cv = |model| cv::cross_validate_on(&problem, opts.prior, &cv_opts, model);
+        let ties = opts.ties;
+        let (mut lik, cv): (Box<dyn Likelihood>, CvResult) = match opts.model {
+            ModelKind::Cox => {
+                let m = crate::model::cox::Cox::from_owned(design, ties)?;
+                let (cv, m) = run_cv(m.into_model())?;
+                (Box::new(crate::model::cox::Cox::from_model(m)), cv)
+            }
+            _ => {
+                let m = crate::model::fine_gray::FineGray::from_owned(design, ties)?;
+                let (cv, m) = run_cv(m.into_model())?;
+                (
+                    Box::new(crate::model::fine_gray::FineGray::from_model(m)),
+                    cv,
+                )
+            }
+        };
+        let prior = opts.prior.with_variance(cv.variance);
+        let (mut r, _) = finish(lik.as_mut(), &shape, opts, prior, started, device, None)?;
+        r.notes.extend(cv_notes(&cv));
+        r.cv = Some(cv);
+        r.seconds = started.elapsed().as_secs_f64();
+        Ok(r)
     })
 }
 
@@ -1162,6 +1219,68 @@ mod tests {
             strong_rule: true,
         });
         o
+    }
+
+    /// `fit_owned` with cross-validation of Cox (both tie methods) and Fine–Gray (model-based
+    /// SEs: robust ones need the design) runs its folds on the final fit's own model, with
+    /// the design's columns dropped: the same bits as `fit` (coefficients, intervals, the CV
+    /// curve and choice, notes) on 1 and 2 threads; Fine–Gray's default (robust SEs) goes
+    /// through `fit` and agrees too.
+    #[test]
+    fn owned_cross_validation_is_fit() {
+        let cox = crate::bench::cox_data(400, 12, 0.2, 7).unwrap();
+        let fg = crate::bench::fine_gray_data(400, 12, 0.2, 8).unwrap();
+        let cases = [
+            (ModelKind::Cox, Ties::Breslow, SeMethod::Model, &cox),
+            (ModelKind::Cox, Ties::Efron, SeMethod::Model, &cox),
+            (ModelKind::FineGray, Ties::Breslow, SeMethod::Model, &fg),
+            (ModelKind::FineGray, Ties::Breslow, SeMethod::Robust, &fg),
+        ];
+        for (model, ties, se, data) in cases {
+            for threads in [1, 2] {
+                let mut o = FitOptions::new(model);
+                o.prior = Prior::Laplace { lambda: 1.0 };
+                o.ties = ties;
+                o.se = se;
+                o.ci = CiMethod::Wald;
+                // An unpenalized covariate: its standard error and interval are compared too.
+                o.exclude = vec![2];
+                o.threads = Some(threads);
+                o.cv = Some(CvOptions {
+                    folds: 4,
+                    ..Default::default()
+                });
+                let what = format!("{model:?} {ties:?} {se:?} threads {threads}");
+                let a = fit(&data.design, &o).unwrap();
+                let b = fit_owned(data.design.clone(), &o).unwrap();
+                assert_eq!(a.coefficients, b.coefficients, "{what}");
+                assert!(b.coefficient(2).unwrap().std_error.is_some(), "{what}");
+                assert_eq!(
+                    a.log_likelihood.to_bits(),
+                    b.log_likelihood.to_bits(),
+                    "{what}"
+                );
+                assert_eq!((a.status, a.iterations), (b.status, b.iterations), "{what}");
+                assert_eq!(a.prior, b.prior, "{what}");
+                assert_eq!(a.notes, b.notes, "{what}");
+                let (ca, cb) = (a.cv.unwrap(), b.cv.unwrap());
+                assert_eq!(ca.curve, cb.curve, "{what}");
+                assert_eq!(ca.variance.to_bits(), cb.variance.to_bits(), "{what}");
+                assert_eq!(
+                    (ca.fits, ca.stop_reason),
+                    (cb.fits, cb.stop_reason),
+                    "{what}"
+                );
+                assert!(ca.curve.len() >= 2, "{what}: {:?}", ca.curve);
+            }
+        }
+        // A problem the owned path refuses as `fit` does: CV needs a prior.
+        let mut o = FitOptions::new(ModelKind::Cox);
+        o.prior = Prior::None;
+        o.cv = Some(CvOptions::default());
+        let a = fit(&cox.design, &o).unwrap_err().to_string();
+        let b = fit_owned(cox.design.clone(), &o).unwrap_err().to_string();
+        assert_eq!(a, b);
     }
 
     /// The fit API's path: the coefficients are the last point's, its prior is the smallest

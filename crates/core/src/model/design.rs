@@ -230,6 +230,28 @@ impl DesignMatrix {
         self.columns.first().map(|c| c.id) == Some(INTERCEPT_ID)
     }
 
+    /// The same rows and column ids (and names) with no entries: every column an empty 0/1
+    /// column. For the fold plan of [`crate::model::cv::cross_validate_on`], which reads the
+    /// rows and the ids alone once the likelihood holds its own copy of the columns; never a
+    /// design to fit.
+    pub fn without_entries(&self) -> DesignMatrix {
+        DesignMatrix {
+            rows: self.rows.clone(),
+            columns: self
+                .columns
+                .iter()
+                .map(|c| Column {
+                    id: c.id,
+                    name: c.name.clone(),
+                    format: ColumnFormat::Indicator,
+                    rows: Vec::new(),
+                    values: Vec::new(),
+                })
+                .collect(),
+            dropped_unknown: self.dropped_unknown,
+        }
+    }
+
     /// Borrow every column as a [`ColumnSource`].
     pub fn column_source(&self) -> ColumnSource<'_> {
         ColumnSource(self.columns.iter().map(Cow::Borrowed).collect())

@@ -62,6 +62,16 @@ impl FineGray {
         })
     }
 
+    /// The risk-set model inside.
+    pub(crate) fn into_model(self) -> RiskSetModel {
+        self.model
+    }
+
+    /// The likelihood of a risk-set model of its kind, as [`FineGray::into_model`] gave it.
+    pub(crate) fn from_model(model: RiskSetModel) -> Self {
+        FineGray { model }
+    }
+
     /// Force tiny chunks (tests of the chunked walk).
     #[cfg(test)]
     pub(crate) fn with_min_chunk(mut self, entries: usize) -> Self {

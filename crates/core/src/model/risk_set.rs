@@ -626,6 +626,11 @@ impl RiskSetModel {
         self.gram_min_entries = entries;
     }
 
+    /// Σ over events of w x per column (the log-likelihood's linear part).
+    pub(crate) fn event_sums(&self) -> &[f64] {
+        &self.event_sum
+    }
+
     /// Which likelihood this is.
     pub fn kind(&self) -> RiskSetKind {
         self.kind
@@ -1845,7 +1850,7 @@ impl RiskSetModel {
         // The Gram matrix and the segments' sweep run side by side ([`gram_and_sweep`]); the
         // sweep's terms are summed in a matrix of their own and added at the end (a fixed
         // order, whatever the number of threads).
-        let (mut m, sweep) = self.gram_and_sweep(&rows, k, &weights, &cum_c, &cum_cg, &cum_w);
+        let (mut m, sweep) = self.gram_and_sweep(&rows, cols, &weights, &cum_c, &cum_cg, &cum_w);
         drop(weights);
         for (t, v) in m.iter_mut().zip(&sweep) {
             *t += v;
@@ -1859,57 +1864,58 @@ impl RiskSetModel {
     }
 
     /// The Gram part and the segment terms of [`RiskSetModel::information_segments`], each a
-    /// packed upper triangle. The Gram rows are cut at fixed places, a function of the data
-    /// alone ([`gram_cuts`]); each chunk of rows is summed into a matrix of its own and the
-    /// chunks' matrices are added in chunk order, so the bits do not depend on the number of
-    /// threads. With several threads the chunks run in parallel beside the sweep.
+    /// packed upper triangle. The Gram matrix's rows (of the packed triangle) are cut into
+    /// blocks of about equal work ([`gram_column_cuts`]); each block walks every row of the
+    /// data and sums only the entries of its own matrix rows, in row order, straight into its
+    /// slice of the one result matrix. Every entry is thus the same additions in the same
+    /// order as one sequential walk, whatever the blocks or the number of threads, and no
+    /// partial matrices are kept (the cross-validation folds in flight each hold one matrix,
+    /// not one per chunk). With several threads the blocks run in parallel beside the sweep.
     fn gram_and_sweep(
         &self,
         rows: &SweepRows<'_>,
-        k: usize,
+        cols: &[usize],
         weights: &[f64],
         cum_c: &[f64],
         cum_cg: &[f64],
         cum_w: &[f64],
     ) -> (Vec<f64>, Vec<f64>) {
         use rayon::prelude::*;
-        let len = k * (k + 1) / 2;
-        let cuts = gram_cuts(rows, k, self.gram_min_entries);
-        let n_chunks = cuts.len() - 1;
-        let chunk = |c: usize, m: &mut [f64]| gram_rows(rows, k, weights, cuts[c], cuts[c + 1], m);
-        if rayon::current_num_threads() < 2 || n_chunks == 1 {
-            let mut m = vec![0.0; len];
-            chunk(0, &mut m);
-            if n_chunks > 1 {
-                let mut part = vec![0.0; len];
-                for c in 1..n_chunks {
-                    part.fill(0.0);
-                    chunk(c, &mut part);
-                    add_into(&mut m, &part);
-                }
-            }
+        let k = cols.len();
+        let mut m = vec![0.0; k * (k + 1) / 2];
+        let entries = rows.col.len();
+        let threads = rayon::current_num_threads();
+        let n_blocks = if threads < 2 {
+            1
+        } else {
+            (entries / self.gram_min_entries.max(1)).clamp(1, GRAM_BLOCKS_PER_THREAD * threads)
+        };
+        if n_blocks == 1 {
+            gram_columns(rows, k, weights, 0, k, &mut m);
             let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
             return (m, sweep);
         }
-        let (parts, sweep) = rayon::join(
+        let nnz: Vec<usize> = cols
+            .iter()
+            .map(|&j| self.cols.get(j).map_or(0, |c| c.view().rows.len()))
+            .collect();
+        let cuts = gram_column_cuts(&nnz, n_blocks);
+        let mut blocks: Vec<(usize, usize, &mut [f64])> = Vec::with_capacity(cuts.len());
+        let mut rest: &mut [f64] = &mut m;
+        for w in cuts.windows(2) {
+            let (head, tail) = rest.split_at_mut(upper_offset(k, w[1]) - upper_offset(k, w[0]));
+            blocks.push((w[0], w[1], head));
+            rest = tail;
+        }
+        let ((), sweep) = rayon::join(
             || {
-                (0..n_chunks)
+                blocks
                     .into_par_iter()
                     .with_max_len(1)
-                    .map(|c| {
-                        let mut m = vec![0.0; len];
-                        chunk(c, &mut m);
-                        m
-                    })
-                    .collect::<Vec<_>>()
+                    .for_each(|(a0, a1, out)| gram_columns(rows, k, weights, a0, a1, out))
             },
             || self.segment_terms(rows, k, cum_c, cum_cg, cum_w),
         );
-        let mut parts = parts.into_iter();
-        let mut m = parts.next().unwrap_or_else(|| vec![0.0; len]);
-        for part in parts {
-            add_into(&mut m, &part);
-        }
         (m, sweep)
     }
 
@@ -2424,18 +2430,31 @@ impl SweepRows<'_> {
     }
 }
 
-/// Σ_i w_i x_i x_iᵀ over the rows `i0..i1`, added to `m` (a packed k × k upper triangle).
-fn gram_rows(rows: &SweepRows<'_>, k: usize, w: &[f64], i0: usize, i1: usize, m: &mut [f64]) {
-    for (i, &c) in w.iter().enumerate().take(i1).skip(i0) {
+/// Rows `a0..a1` of Σ_i w_i x_i x_iᵀ (a packed k × k upper triangle, [`upper_offset`]), added
+/// to `out`, which holds exactly those rows: every data row is visited in order and only its
+/// entries in columns `a0..a1` start products (each row's entries are in column order). Each
+/// matrix entry gets the same additions in the same order whatever `a0..a1`.
+fn gram_columns(rows: &SweepRows<'_>, k: usize, w: &[f64], a0: usize, a1: usize, out: &mut [f64]) {
+    let base = upper_offset(k, a0);
+    debug_assert_eq!(out.len(), upper_offset(k, a1) - base);
+    for (i, &c) in w.iter().enumerate() {
         let (lo, hi) = rows.range(i);
         if lo == hi || c == 0.0 {
             continue;
         }
-        for e in lo..hi {
+        let first = if a0 == 0 {
+            lo
+        } else {
+            lo + rows.col[lo..hi].partition_point(|&a| (a as usize) < a0)
+        };
+        for e in first..hi {
             let a = rows.col[e] as usize;
+            if a >= a1 {
+                break;
+            }
             let xa = rows.value(e) * c;
             // Row a (columns a..k); the row's entries are in column order, all ≥ a.
-            let row = &mut m[upper_offset(k, a)..upper_offset(k, a + 1)];
+            let row = &mut out[upper_offset(k, a) - base..upper_offset(k, a + 1) - base];
             if rows.val.is_empty() {
                 for &b in &rows.col[e..hi] {
                     row[b as usize - a] += xa;
@@ -2449,41 +2468,33 @@ fn gram_rows(rows: &SweepRows<'_>, k: usize, w: &[f64], i0: usize, i1: usize, m:
     }
 }
 
-/// `m += part`, entry by entry.
-fn add_into(m: &mut [f64], part: &[f64]) {
-    for (t, v) in m.iter_mut().zip(part) {
-        *t += v;
-    }
-}
-
-/// Where [`RiskSetModel::gram_and_sweep`] cuts the rows (first 0, last N): chunks of about
-/// equal entries, as many as the entries allow (`min_entries` each) up to
-/// [`GRAM_MAX_CHUNKS`], while the chunks' matrices take at most [`GRAM_CHUNK_BYTES`] together
-/// and adding them costs at most 1/[`GRAM_REDUCE_SHARE`] of the pairs of entries summed. A
-/// function of the rows and k only.
-fn gram_cuts(rows: &SweepRows<'_>, k: usize, min_entries: usize) -> Vec<usize> {
-    let n = rows.ptr.len().saturating_sub(1);
-    let entries = rows.col.len();
-    let len = (k * (k + 1) / 2).max(1);
-    let pairs: usize = (0..n)
-        .map(|i| {
-            let (lo, hi) = rows.range(i);
-            (hi - lo) * (hi - lo + 1) / 2
-        })
-        .sum();
-    let chunks = (entries / min_entries.max(1))
-        .min(GRAM_CHUNK_BYTES / (len * std::mem::size_of::<f64>()))
-        .min(1 + pairs / (GRAM_REDUCE_SHARE * len))
-        .clamp(1, GRAM_MAX_CHUNKS);
+/// Where [`RiskSetModel::gram_and_sweep`] cuts the k matrix rows (first 0, last k) into at
+/// most `blocks` blocks of about equal work: matrix row a costs about nnz_a·(k − a) products
+/// (its column's entries, each times the entries after it in its data row, about
+/// proportional to the columns after a). The cuts only balance the threads: the result does
+/// not depend on them.
+fn gram_column_cuts(nnz: &[usize], blocks: usize) -> Vec<usize> {
+    let k = nnz.len();
+    let work: Vec<f64> = nnz
+        .iter()
+        .enumerate()
+        .map(|(a, &n)| n as f64 * (k - a) as f64)
+        .collect();
+    let total: f64 = work.iter().sum();
     let mut cuts = vec![0usize];
-    for c in 1..chunks {
-        let target = (c * entries / chunks) as u32;
-        let i = rows.ptr.partition_point(|&p| p < target).min(n);
-        if i > *cuts.last().unwrap_or(&0) && i < n {
-            cuts.push(i);
+    let mut acc = 0.0;
+    let mut next = 1;
+    for (a, w) in work.iter().enumerate() {
+        acc += w;
+        while next < blocks && acc >= total * next as f64 / blocks as f64 {
+            if a + 1 > *cuts.last().unwrap_or(&0) && a + 1 < k {
+                cuts.push(a + 1);
+            }
+            next += 1;
         }
     }
-    cuts.push(n);
+    cuts.push(k);
+    cuts.dedup();
     cuts
 }
 
@@ -2537,14 +2548,11 @@ fn upper_to_lower_in_place(m: &mut [f64], k: usize) {
     }
 }
 
-/// Most chunks of the Gram rows in [`RiskSetModel::gram_and_sweep`] ([`gram_cuts`]).
-const GRAM_MAX_CHUNKS: usize = 8;
-/// Entries per chunk of the Gram rows, at least (tests lower it).
+/// Blocks of the Gram matrix's rows per thread in [`RiskSetModel::gram_and_sweep`] (work
+/// stealing evens out the blocks and the sweep beside them).
+const GRAM_BLOCKS_PER_THREAD: usize = 4;
+/// Entries of the row-major view per Gram block, at least (tests lower it).
 const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
-/// Memory of the Gram chunks' matrices together, at most (bytes).
-const GRAM_CHUNK_BYTES: usize = 64 << 20;
-/// The chunks' matrices are added in at most 1/this of the pairs of entries summed.
-const GRAM_REDUCE_SHARE: usize = 8;
 
 /// An owned [`SweepRows`] with the columns it was built for.
 #[derive(Debug, Clone, Default)]
@@ -3093,8 +3101,8 @@ pub mod test_support {
             }
         }
         assert_psd_difference(&bound, &dense, cols.len());
-        // The bound's Gram rows in chunks (`gram_cuts`): the same bits for any thread count,
-        // and equal to rounding to the bound summed in one chunk.
+        // The bound's Gram rows in blocks of matrix rows (`gram_column_cuts`): the same bits
+        // for any thread count and for one block.
         for threads in 1..=3 {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -3111,15 +3119,15 @@ pub mod test_support {
         }
         let min_entries = model.gram_min_entries;
         model.gram_min_entries = usize::MAX;
-        let one_chunk = model.information_segments(cols);
+        let one_block = model.information_segments(cols);
         model.gram_min_entries = min_entries;
-        let scale = packed.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for (a, (c, o)) in packed.iter().zip(&one_chunk).enumerate() {
-            assert!(
-                (c - o).abs() <= 1e-12 * scale,
-                "{what} bound entry {a}: chunks {c}, one chunk {o}"
-            );
-        }
+        assert!(
+            one_block
+                .iter()
+                .zip(&packed)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: the segment bound in one block"
+        );
         for threads in 1..=3 {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -3280,45 +3288,86 @@ mod tests {
     /// The in-place rearrangement puts every entry where the plain copy into the lower
     /// triangle does (distinct values: any misplaced entry shows).
     #[test]
-    fn gram_cuts_are_chunks_of_about_equal_entries() {
-        // 1000 rows of 0..=5 entries among k = 6 columns.
+    fn gram_column_cuts_balance_the_work() {
+        // Equal columns: work k − a per row, blocks of about equal sums.
+        let k = 100;
+        for blocks in [1, 2, 3, 8, 99, 100, 500] {
+            let cuts = gram_column_cuts(&vec![10; k], blocks);
+            assert_eq!((cuts[0], *cuts.last().unwrap()), (0, k));
+            assert!(cuts.windows(2).all(|w| w[0] < w[1]), "{cuts:?}");
+            assert!(cuts.len() - 1 <= blocks.max(1));
+            if blocks <= 8 {
+                assert_eq!(cuts.len() - 1, blocks, "{cuts:?}");
+                let total = (k * (k + 1) / 2) as f64;
+                for w in cuts.windows(2) {
+                    let work: usize = (w[0]..w[1]).map(|a| k - a).sum();
+                    assert!(
+                        (work as f64 - total / blocks as f64).abs() <= k as f64,
+                        "{blocks} blocks: {cuts:?}"
+                    );
+                }
+            }
+        }
+        // Empty columns carry no work; no empty blocks; k = 0 and k = 1.
+        let cuts = gram_column_cuts(&[0, 0, 5, 0, 5, 0], 2);
+        assert_eq!(cuts, vec![0, 3, 6]);
+        assert_eq!(gram_column_cuts(&[], 4), vec![0]);
+        assert_eq!(gram_column_cuts(&[3], 4), vec![0, 1]);
+    }
+
+    /// Any split of the matrix rows gives the bits of one walk (0/1 and valued entries).
+    #[test]
+    fn gram_columns_split_is_the_whole() {
+        let k = 7;
         let mut ptr = vec![0u32];
         let mut col = Vec::new();
-        for i in 0..1000u32 {
-            for a in 0..(i * 7 % 6) as u16 {
-                col.push(a);
+        let mut val = Vec::new();
+        for i in 0..300u32 {
+            for a in 0..k as u16 {
+                if (i * 13 + a as u32 * 7) % 5 < 2 {
+                    col.push(a);
+                    val.push(0.1 + (i * 31 + a as u32) as f64 % 17.0 / 7.0);
+                }
             }
             ptr.push(col.len() as u32);
         }
-        let rows = SweepRows {
-            ptr: &ptr,
-            col: &col,
-            val: &[],
-        };
-        let entries = col.len();
-        for min_entries in [1, 100, 400, 1000, entries, usize::MAX] {
-            let cuts = gram_cuts(&rows, 6, min_entries);
-            let chunks = cuts.len() - 1;
-            assert_eq!((cuts[0], cuts[chunks]), (0, 1000));
-            assert!(cuts.windows(2).all(|w| w[0] < w[1]));
-            assert!(chunks <= GRAM_MAX_CHUNKS);
-            assert_eq!(
-                chunks,
-                (entries / min_entries.max(1)).clamp(1, GRAM_MAX_CHUNKS),
-                "min_entries {min_entries}"
-            );
-            for w in cuts.windows(2) {
-                let e = (ptr[w[1]] - ptr[w[0]]) as usize;
+        let w: Vec<f64> = (0..300).map(|i| ((i * 7) % 11) as f64 / 3.0).collect();
+        let len = k * (k + 1) / 2;
+        for vals in [&val[..], &[][..]] {
+            let rows = SweepRows {
+                ptr: &ptr,
+                col: &col,
+                val: vals,
+            };
+            let mut whole = vec![0.0; len];
+            gram_columns(&rows, k, &w, 0, k, &mut whole);
+            // The plain definition, row after row.
+            let mut plain = vec![0.0; len];
+            for (i, &wi) in w.iter().enumerate() {
+                let (lo, hi) = rows.range(i);
+                for e in lo..hi {
+                    for e2 in e..hi {
+                        let (a, b) = (rows.col[e] as usize, rows.col[e2] as usize);
+                        plain[upper_offset(k, a) + b - a] += rows.value(e) * wi * rows.value(e2);
+                    }
+                }
+            }
+            assert_eq!(whole, plain);
+            for cuts in [vec![0, 3, 7], vec![0, 1, 2, 6, 7], vec![0, 6, 7]] {
+                let mut split = vec![0.0; len];
+                for c in cuts.windows(2) {
+                    let (lo, hi) = (upper_offset(k, c[0]), upper_offset(k, c[1]));
+                    gram_columns(&rows, k, &w, c[0], c[1], &mut split[lo..hi]);
+                }
                 assert!(
-                    e.abs_diff(entries / chunks) <= 5,
-                    "{e} of {entries} in {chunks}"
+                    split
+                        .iter()
+                        .zip(&whole)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{cuts:?}"
                 );
             }
         }
-        // A matrix too large for the chunks' memory budget, and too few pairs to pay for
-        // adding the chunks: one chunk.
-        let k = 4000;
-        assert_eq!(gram_cuts(&rows, k, 1).len(), 2);
     }
 
     #[test]
