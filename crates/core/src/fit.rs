@@ -534,8 +534,9 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
 }
 
 /// [`fit_owned`] with cross-validation of a Cox or Fine–Gray model (no bootstrap, no robust
-/// standard errors): the model on every row is built once from the consumed design; the
-/// folds are row selections of clones of it and the final fit runs on it, so the design's
+/// standard errors): the model on every row is built once from the consumed design and is
+/// one of the fold workers (the others are clones sharing its columns); cross-validation
+/// hands it back with every row selected again and the final fit runs on it. The design's
 /// columns are gone before the first fold (only its rows and column ids are kept for the fold
 /// plan). The same steps and results as [`fit`].
 fn fit_owned_cv(design: DesignMatrix, opts: &FitOptions, c: &CvOptions) -> Result<FitResult> {
