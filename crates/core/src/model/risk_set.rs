@@ -1864,13 +1864,20 @@ impl RiskSetModel {
     }
 
     /// The Gram part and the segment terms of [`RiskSetModel::information_segments`], each a
-    /// packed upper triangle. The Gram matrix's rows (of the packed triangle) are cut into
-    /// blocks of about equal work ([`gram_column_cuts`]); each block walks every row of the
-    /// data and sums only the entries of its own matrix rows, in row order, straight into its
-    /// slice of the one result matrix. Every entry is thus the same additions in the same
-    /// order as one sequential walk, whatever the blocks or the number of threads, and no
-    /// partial matrices are kept (the cross-validation folds in flight each hold one matrix,
-    /// not one per chunk). With several threads the blocks run in parallel beside the sweep.
+    /// packed upper triangle, in one of two ways chosen from the data alone (so the bits do
+    /// not depend on the number of threads):
+    ///
+    /// * **row chunks** when their partial matrices are small ([`gram_cuts`]: at most
+    ///   [`GRAM_MAX_CHUNKS`] chunks whose matrices together take at most
+    ///   [`GRAM_CHUNK_ROW_BYTES`] per data row): each chunk of rows is summed into a matrix of
+    ///   its own and the chunks' matrices are added in chunk order. Every row is read once.
+    /// * **matrix-row blocks** otherwise (large k: a cross-validation fold polishing ~900
+    ///   columns would hold 8 chunk matrices of 3 MB): the rows of the packed triangle are cut
+    ///   into blocks of about equal work ([`gram_column_cuts`]); each block reads every data row
+    ///   and sums only its own matrix rows, in row order, straight into its slice of the one
+    ///   result matrix — the same additions in the same order as one walk, whatever the blocks.
+    ///
+    /// With several threads the chunks or blocks run in parallel beside the sweep.
     fn gram_and_sweep(
         &self,
         rows: &SweepRows<'_>,
@@ -1882,27 +1889,68 @@ impl RiskSetModel {
     ) -> (Vec<f64>, Vec<f64>) {
         use rayon::prelude::*;
         let k = cols.len();
-        let mut m = vec![0.0; k * (k + 1) / 2];
-        let entries = rows.col.len();
+        let len = k * (k + 1) / 2;
+        let cuts = gram_cuts(rows, k, self.gram_min_entries);
+        let n_chunks = cuts.len() - 1;
+        let sweep = || self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
         let threads = rayon::current_num_threads();
-        let n_blocks = if threads < 2 {
+        if n_chunks > 1 {
+            // Row chunks with partial matrices.
+            let chunk = |c: usize, m: &mut [f64]| {
+                gram_columns_of(rows, k, weights, cuts[c], cuts[c + 1], m)
+            };
+            if threads < 2 {
+                let mut m = vec![0.0; len];
+                chunk(0, &mut m);
+                let mut part = vec![0.0; len];
+                for c in 1..n_chunks {
+                    part.fill(0.0);
+                    chunk(c, &mut part);
+                    add_into(&mut m, &part);
+                }
+                return (m, sweep());
+            }
+            let (parts, sweep) = rayon::join(
+                || {
+                    (0..n_chunks)
+                        .into_par_iter()
+                        .with_max_len(1)
+                        .map(|c| {
+                            let mut m = vec![0.0; len];
+                            chunk(c, &mut m);
+                            m
+                        })
+                        .collect::<Vec<_>>()
+                },
+                sweep,
+            );
+            let mut parts = parts.into_iter();
+            let mut m = parts.next().unwrap_or_else(|| vec![0.0; len]);
+            for part in parts {
+                add_into(&mut m, &part);
+            }
+            return (m, sweep);
+        }
+        let mut m = vec![0.0; len];
+        let entries = rows.col.len();
+        let n_blocks = if threads < 2 || gram_row_chunks_fit(rows, k) {
+            // One chunk by the data's rule (small): no split.
             1
         } else {
             (entries / self.gram_min_entries.max(1)).clamp(1, GRAM_BLOCKS_PER_THREAD * threads)
         };
         if n_blocks == 1 {
             gram_columns(rows, k, weights, 0, k, &mut m);
-            let sweep = self.segment_terms(rows, k, cum_c, cum_cg, cum_w);
-            return (m, sweep);
+            return (m, sweep());
         }
         let nnz: Vec<usize> = cols
             .iter()
             .map(|&j| self.cols.get(j).map_or(0, |c| c.view().rows.len()))
             .collect();
-        let cuts = gram_column_cuts(&nnz, n_blocks);
-        let mut blocks: Vec<(usize, usize, &mut [f64])> = Vec::with_capacity(cuts.len());
+        let bounds = gram_column_cuts(&nnz, n_blocks);
+        let mut blocks: Vec<(usize, usize, &mut [f64])> = Vec::with_capacity(bounds.len());
         let mut rest: &mut [f64] = &mut m;
-        for w in cuts.windows(2) {
+        for w in bounds.windows(2) {
             let (head, tail) = rest.split_at_mut(upper_offset(k, w[1]) - upper_offset(k, w[0]));
             blocks.push((w[0], w[1], head));
             rest = tail;
@@ -1914,7 +1962,7 @@ impl RiskSetModel {
                     .with_max_len(1)
                     .for_each(|(a0, a1, out)| gram_columns(rows, k, weights, a0, a1, out))
             },
-            || self.segment_terms(rows, k, cum_c, cum_cg, cum_w),
+            sweep,
         );
         (m, sweep)
     }
@@ -2468,6 +2516,65 @@ fn gram_columns(rows: &SweepRows<'_>, k: usize, w: &[f64], a0: usize, a1: usize,
     }
 }
 
+/// Σ_i w_i x_i x_iᵀ over the data rows `i0..i1` (all matrix rows), added to `m`.
+fn gram_columns_of(rows: &SweepRows<'_>, k: usize, w: &[f64], i0: usize, i1: usize, m: &mut [f64]) {
+    let sub = SweepRows {
+        ptr: &rows.ptr[i0..=i1],
+        col: rows.col,
+        val: rows.val,
+    };
+    gram_columns(&sub, k, &w[i0..i1], 0, k, m);
+}
+
+/// `m += part`, entry by entry.
+fn add_into(m: &mut [f64], part: &[f64]) {
+    for (t, v) in m.iter_mut().zip(part) {
+        *t += v;
+    }
+}
+
+/// Whether the row chunks' matrices would be small enough (at most [`GRAM_CHUNK_ROW_BYTES`]
+/// per data row for [`GRAM_MAX_CHUNKS`] of them): the rule between row chunks and
+/// matrix-row blocks in [`RiskSetModel::gram_and_sweep`], a function of the data alone.
+fn gram_row_chunks_fit(rows: &SweepRows<'_>, k: usize) -> bool {
+    let n = rows.ptr.len().saturating_sub(1).max(1);
+    let bytes = k * (k + 1) / 2 * std::mem::size_of::<f64>() * GRAM_MAX_CHUNKS;
+    bytes <= n * GRAM_CHUNK_ROW_BYTES
+}
+
+/// Where [`RiskSetModel::gram_and_sweep`] cuts the data rows (first 0, last N) when the row
+/// chunks' matrices are small ([`gram_row_chunks_fit`]; else one chunk): chunks of about equal
+/// entries, as many as the entries allow (`min_entries` each) up to [`GRAM_MAX_CHUNKS`], while
+/// adding them costs at most 1/[`GRAM_REDUCE_SHARE`] of the pairs of entries summed. A
+/// function of the rows and k only.
+fn gram_cuts(rows: &SweepRows<'_>, k: usize, min_entries: usize) -> Vec<usize> {
+    let n = rows.ptr.len().saturating_sub(1);
+    if !gram_row_chunks_fit(rows, k) {
+        return vec![0, n];
+    }
+    let entries = rows.col.len();
+    let len = (k * (k + 1) / 2).max(1);
+    let pairs: usize = (0..n)
+        .map(|i| {
+            let (lo, hi) = rows.range(i);
+            (hi - lo) * (hi - lo + 1) / 2
+        })
+        .sum();
+    let chunks = (entries / min_entries.max(1))
+        .min(1 + pairs / (GRAM_REDUCE_SHARE * len))
+        .clamp(1, GRAM_MAX_CHUNKS);
+    let mut cuts = vec![0usize];
+    for c in 1..chunks {
+        let target = (c * entries / chunks) as u32;
+        let i = rows.ptr.partition_point(|&p| p < target).min(n);
+        if i > *cuts.last().unwrap_or(&0) && i < n {
+            cuts.push(i);
+        }
+    }
+    cuts.push(n);
+    cuts
+}
+
 /// Where [`RiskSetModel::gram_and_sweep`] cuts the k matrix rows (first 0, last k) into at
 /// most `blocks` blocks of about equal work: matrix row a costs about nnz_a·(k − a) products
 /// (its column's entries, each times the entries after it in its data row, about
@@ -2551,6 +2658,13 @@ fn upper_to_lower_in_place(m: &mut [f64], k: usize) {
 /// Blocks of the Gram matrix's rows per thread in [`RiskSetModel::gram_and_sweep`] (work
 /// stealing evens out the blocks and the sweep beside them).
 const GRAM_BLOCKS_PER_THREAD: usize = 4;
+/// Most row chunks of the Gram part ([`gram_cuts`]).
+const GRAM_MAX_CHUNKS: usize = 8;
+/// Row chunks are used while their matrices take at most this many bytes per data row
+/// together (else matrix-row blocks, which hold one matrix but read every row once per block).
+const GRAM_CHUNK_ROW_BYTES: usize = 64;
+/// The chunks' matrices are added in at most 1/this of the pairs of entries summed.
+const GRAM_REDUCE_SHARE: usize = 8;
 /// Entries of the row-major view per Gram block, at least (tests lower it).
 const GRAM_PAR_MIN_ENTRIES: usize = 1 << 13;
 
@@ -3117,17 +3231,19 @@ pub mod test_support {
                 "{what}: the segment bound on {threads} threads"
             );
         }
+        // One chunk or block: equal to rounding (row chunks add their matrices in chunk
+        // order; matrix-row blocks are bit-identical to one walk).
         let min_entries = model.gram_min_entries;
         model.gram_min_entries = usize::MAX;
         let one_block = model.information_segments(cols);
         model.gram_min_entries = min_entries;
-        assert!(
-            one_block
-                .iter()
-                .zip(&packed)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{what}: the segment bound in one block"
-        );
+        let scale = packed.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for (a, (c, o)) in packed.iter().zip(&one_block).enumerate() {
+            assert!(
+                (c - o).abs() <= 1e-12 * scale,
+                "{what} bound entry {a}: split {c}, one chunk {o}"
+            );
+        }
         for threads in 1..=3 {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
