@@ -491,12 +491,8 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
 /// likelihood, so with any of them this is [`fit`].
 pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
     let risk_set = matches!(opts.model, ModelKind::Cox | ModelKind::FineGray);
-    if let (Some(c), true) = (&opts.cv, risk_set) {
-        if !wants_bootstrap(opts) && !wants_robust(opts) {
-            return fit_owned_cv(design, opts, c);
-        }
-    }
-    if opts.cv.is_some() || wants_bootstrap(opts) || wants_robust(opts) {
+    let owned_cv = opts.cv.is_some() && risk_set && !wants_bootstrap(opts) && !wants_robust(opts);
+    if !owned_cv && (opts.cv.is_some() || wants_bootstrap(opts) || wants_robust(opts)) {
         return fit(&design, opts);
     }
     opts.check()?;
@@ -515,6 +511,9 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         degenerate::check_information(opts.model, &design)?;
         let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
         shape.check_exclude(opts)?;
+        if let (true, Some(c)) = (owned_cv, &opts.cv) {
+            return cross_validated_owned(design, opts, c, &shape, started, device);
+        }
         let mut lik = crate::backend::cpu::likelihood_owned_checked(
             opts.model,
             design,
@@ -534,53 +533,49 @@ pub fn fit_owned(design: DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
 }
 
 /// [`fit_owned`] with cross-validation of a Cox or Fine–Gray model (no bootstrap, no robust
-/// standard errors): the model on every row is built once from the consumed design and is
-/// one of the fold workers (the others are clones sharing its columns); cross-validation
-/// hands it back with every row selected again and the final fit runs on it. The design's
-/// columns are gone before the first fold (only its rows and column ids are kept for the fold
-/// plan). The same steps and results as [`fit`].
-fn fit_owned_cv(design: DesignMatrix, opts: &FitOptions, c: &CvOptions) -> Result<FitResult> {
-    opts.check()?;
-    let device = opts.device.resolve(opts.model, &design)?;
-    if device.gpu {
-        return fit(&design, opts);
+/// standard errors), after the checks: the model on every row is built once from the
+/// consumed design and is one of the fold workers (the others are clones sharing its
+/// columns); cross-validation hands it back with every row selected again and the final fit
+/// runs on it. The design's columns are gone before the first fold (only its rows and column
+/// ids are kept for the fold plan). The same steps and results as [`fit`].
+fn cross_validated_owned(
+    design: DesignMatrix,
+    opts: &FitOptions,
+    c: &CvOptions,
+    shape: &Shape,
+    started: Instant,
+    device: Resolved,
+) -> Result<FitResult> {
+    let mut cv_opts = c.clone();
+    if cv_opts.start_variance.is_none() {
+        // The auto search's default start reads the columns: taken now.
+        cv_opts.start_variance = Some(cv::default_variance(&design));
     }
-    with_threads(opts, move || {
-        let started = Instant::now();
-        degenerate::check_information(opts.model, &design)?;
-        let shape = Shape::of(&design, opts.model, |id| unpenalized_id(opts, id));
-        shape.check_exclude(opts)?;
-        let mut cv_opts = c.clone();
-        if cv_opts.start_variance.is_none() {
-            // The auto search's default start reads the columns: taken now.
-            cv_opts.start_variance = Some(cv::default_variance(&design));
+    let rows_only = design.without_entries();
+    let problem = problem_of(&rows_only, opts);
+    let run_cv = |model| cv::cross_validate_on(&problem, opts.prior, &cv_opts, model);
+    let ties = opts.ties;
+    let (mut lik, cv): (Box<dyn Likelihood>, CvResult) = match opts.model {
+        ModelKind::Cox => {
+            let m = crate::model::cox::Cox::from_owned(design, ties)?;
+            let (cv, m) = run_cv(m.into_model())?;
+            (Box::new(crate::model::cox::Cox::from_model(m)), cv)
         }
-        let rows_only = design.without_entries();
-        let problem = problem_of(&rows_only, opts);
-        let run_cv = |model| cv::cross_validate_on(&problem, opts.prior, &cv_opts, model);
-        let ties = opts.ties;
-        let (mut lik, cv): (Box<dyn Likelihood>, CvResult) = match opts.model {
-            ModelKind::Cox => {
-                let m = crate::model::cox::Cox::from_owned(design, ties)?;
-                let (cv, m) = run_cv(m.into_model())?;
-                (Box::new(crate::model::cox::Cox::from_model(m)), cv)
-            }
-            _ => {
-                let m = crate::model::fine_gray::FineGray::from_owned(design, ties)?;
-                let (cv, m) = run_cv(m.into_model())?;
-                (
-                    Box::new(crate::model::fine_gray::FineGray::from_model(m)),
-                    cv,
-                )
-            }
-        };
-        let prior = opts.prior.with_variance(cv.variance);
-        let (mut r, _) = finish(lik.as_mut(), &shape, opts, prior, started, device, None)?;
-        r.notes.extend(cv_notes(&cv));
-        r.cv = Some(cv);
-        r.seconds = started.elapsed().as_secs_f64();
-        Ok(r)
-    })
+        _ => {
+            let m = crate::model::fine_gray::FineGray::from_owned(design, ties)?;
+            let (cv, m) = run_cv(m.into_model())?;
+            (
+                Box::new(crate::model::fine_gray::FineGray::from_model(m)),
+                cv,
+            )
+        }
+    };
+    let prior = opts.prior.with_variance(cv.variance);
+    let (mut r, _) = finish(lik.as_mut(), shape, opts, prior, started, device, None)?;
+    r.notes.extend(cv_notes(&cv));
+    r.cv = Some(cv);
+    r.seconds = started.elapsed().as_secs_f64();
+    Ok(r)
 }
 
 fn wants_robust(opts: &FitOptions) -> bool {

@@ -3404,6 +3404,48 @@ mod tests {
     /// The in-place rearrangement puts every entry where the plain copy into the lower
     /// triangle does (distinct values: any misplaced entry shows).
     #[test]
+    fn gram_cuts_are_chunks_of_about_equal_entries() {
+        // 1000 rows of 0..=5 entries among k = 6 columns.
+        let mut ptr = vec![0u32];
+        let mut col = Vec::new();
+        for i in 0..1000u32 {
+            for a in 0..(i * 7 % 6) as u16 {
+                col.push(a);
+            }
+            ptr.push(col.len() as u32);
+        }
+        let rows = SweepRows {
+            ptr: &ptr,
+            col: &col,
+            val: &[],
+        };
+        let entries = col.len();
+        assert!(gram_row_chunks_fit(&rows, 6));
+        for min_entries in [1, 100, 400, 1000, entries, usize::MAX] {
+            let cuts = gram_cuts(&rows, 6, min_entries);
+            let chunks = cuts.len() - 1;
+            assert_eq!((cuts[0], cuts[chunks]), (0, 1000));
+            assert!(cuts.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(
+                chunks,
+                (entries / min_entries.max(1)).clamp(1, GRAM_MAX_CHUNKS),
+                "min_entries {min_entries}"
+            );
+            for w in cuts.windows(2) {
+                let e = (ptr[w[1]] - ptr[w[0]]) as usize;
+                assert!(
+                    e.abs_diff(entries / chunks) <= 5,
+                    "{e} of {entries} in {chunks}"
+                );
+            }
+        }
+        // Chunk matrices too large for the rows (k = 400: 8 × 641 KB against 64 bytes per
+        // row): one chunk, and the matrix-row blocks take over.
+        assert!(!gram_row_chunks_fit(&rows, 400));
+        assert_eq!(gram_cuts(&rows, 400, 1), vec![0, 1000]);
+    }
+
+    #[test]
     fn gram_column_cuts_balance_the_work() {
         // Equal columns: work k − a per row, blocks of about equal sums.
         let k = 100;
