@@ -810,17 +810,8 @@ mod tests {
             }
             Some(l)
         };
-        let mut unif = uniform(0x2545_F491_4F6C_DD1D);
         for k in (1..=23).chain([64, 97, 130]) {
-            // B Bᵀ + diagonal: symmetric positive definite.
-            let b: Vec<f64> = (0..k * k).map(|_| unif()).collect();
-            let mut a = vec![0.0; k * k];
-            for i in 0..k {
-                for j in 0..k {
-                    a[i * k + j] = (0..k).map(|m| b[i * k + m] * b[j * k + m]).sum::<f64>();
-                }
-                a[i * k + i] += 0.1;
-            }
+            let mut a = spd(k, 0x2545_F491_4F6C_DD1D ^ k as u64);
             let (x, y) = (cholesky(&a, k).unwrap(), plain(&a, k).unwrap());
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&x), bits(&y), "k = {k}");
