@@ -71,7 +71,7 @@ use crate::model::bootstrap::{self, BootstrapOptions, BootstrapResult};
 use crate::model::ccd::{self, CcdOptions, Convergence, FitStatus};
 use crate::model::cv::{self, CvOptions, CvResult, Problem};
 use crate::model::degenerate::{self, ColumnFacts};
-use crate::model::design::{Column, ColumnLabel, DesignMatrix, INTERCEPT_ID};
+use crate::model::design::{ColumnLabel, DesignMatrix, INTERCEPT_ID};
 use crate::model::inference::{self, ProfilePoint, ProfileTarget};
 use crate::model::path::{self, PathOptions, PathResult};
 use crate::model::prior::{Prior, PriorSet};
@@ -445,9 +445,8 @@ pub fn fit(design: &DesignMatrix, opts: &FitOptions) -> Result<FitResult> {
         let device = opts.device.resolve(opts.model, design)?;
         degenerate::check_information(opts.model, design)?;
         let mut shape = Shape::of(design, opts.model, |id| unpenalized_id(opts, id));
-        let mut cols = design.column_source();
-        if opts.model.has_intercept() && !design.has_intercept() {
-            cols = cols.prepend(Column::intercept(design.n_rows()));
+        let (cols, intercept) = crate::model::columns_for(opts.model, design);
+        if intercept {
             shape.prepend_intercept();
         }
         shape.check_exclude(opts)?;

@@ -48,11 +48,12 @@
 //! training set is nine tenths of the rows, so its optimum is near; the optimum does not
 //! depend on the start, only the cycles to reach it do: on the DESIGN §10 Cox recipe the
 //! 10-fold auto CV takes about a fifth less CPU). That fit is not counted in
-//! [`CvResult::fits`]; when it fails the folds start from zero. Folds run in parallel (rayon); each fold's computation is sequential in
-//! candidate order, starts from a state rebuilt from scratch, and the likelihoods' own parallel
+//! [`CvResult::fits`]; when it fails the folds start from zero. Folds run in parallel
+//! (rayon); each fold's computation is sequential in candidate order, starts from a state rebuilt from scratch, and the likelihoods' own parallel
 //! sums use data-determined chunks, so **results are bit-identical whatever the thread count**
 //! (Cyclops issue #56).
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -479,20 +480,8 @@ impl SharedFolds {
             Some(m) if m.kind() == rk => m,
             Some(_) => return None,
             None => {
-                let computed;
-                let censor = match (rk, &x.rows.censor_weight) {
-                    (RiskSetKind::Cox, _) => None,
-                    (_, Some(c)) => Some(&c[..]),
-                    (_, None) => {
-                        computed = censoring_weights(
-                            &x.rows.time.as_f64(),
-                            &x.rows.y.as_f64(),
-                            &x.rows.stratum.as_u32(),
-                        );
-                        Some(&computed[..])
-                    }
-                };
-                RiskSetModel::new(x, problem.lik.ties, rk, censor).ok()?
+                let censor = all_rows_censoring(x, rk == RiskSetKind::FineGray);
+                RiskSetModel::new(x, problem.lik.ties, rk, censor.as_deref()).ok()?
             }
         };
         let base = model.fold_base();
@@ -533,16 +522,10 @@ impl SharedFolds {
             .iter()
             .map(|&f| (f == s.fold) == test)
             .collect();
-        let computed;
-        let censor = match (self.kind, &x.rows.censor_weight) {
-            (ModelKind::FineGray, Some(c)) => Some(&c[..]),
-            (ModelKind::FineGray, None) => {
-                computed = fold_censoring(x, &self.fold_of_input[s.rep], s.fold, test);
-                Some(&computed[..])
-            }
-            _ => None,
-        };
-        let censor = censor.map(|g_minus| FoldCensor {
+        let g_minus = censoring_of(x, self.kind == ModelKind::FineGray, || {
+            fold_censoring(x, &self.fold_of_input[s.rep], s.fold, test)
+        });
+        let censor = g_minus.as_deref().map(|g_minus| FoldCensor {
             g_minus,
             row_id: &x.rows.row_id,
         });
@@ -550,29 +533,15 @@ impl SharedFolds {
         let event_sum = if test { &sums.test } else { &sums.train };
         lik.0.refold(&self.base, &keep, censor, event_sum)
     }
-}
 
-impl SharedFolds {
     /// Select every row again in `lik`: the model as built on every row (the same groups,
     /// positions, ties, censoring weights — G(T−) of all rows, as the build computed them —
     /// and event sums; `fit::tests::owned_cross_validation_is_fit` checks the bits against a
     /// fresh build through the fit API).
     fn restore(&self, x: &DesignMatrix, lik: &mut FoldModel) -> Result<()> {
         let keep = vec![true; self.base_rows()];
-        let computed;
-        let censor = match (self.kind, &x.rows.censor_weight) {
-            (ModelKind::FineGray, Some(c)) => Some(&c[..]),
-            (ModelKind::FineGray, None) => {
-                computed = censoring_weights(
-                    &x.rows.time.as_f64(),
-                    &x.rows.y.as_f64(),
-                    &x.rows.stratum.as_u32(),
-                );
-                Some(&computed[..])
-            }
-            _ => None,
-        };
-        let censor = censor.map(|g_minus| FoldCensor {
+        let g_minus = all_rows_censoring(x, self.kind == ModelKind::FineGray);
+        let censor = g_minus.as_deref().map(|g_minus| FoldCensor {
             g_minus,
             row_id: &x.rows.row_id,
         });
@@ -583,6 +552,33 @@ impl SharedFolds {
     fn base_rows(&self) -> usize {
         self.fold_of_sorted.first().map_or(0, Vec::len)
     }
+}
+
+/// Fine–Gray's G(T−) by input row: the design's censoring weights, or `compute`d from the
+/// rows when it has none; `None` for Cox.
+fn censoring_of(
+    x: &DesignMatrix,
+    fine_gray: bool,
+    compute: impl FnOnce() -> Vec<f64>,
+) -> Option<Cow<'_, [f64]>> {
+    if !fine_gray {
+        return None;
+    }
+    Some(match &x.rows.censor_weight {
+        Some(c) => Cow::Borrowed(&c[..]),
+        None => Cow::Owned(compute()),
+    })
+}
+
+/// [`censoring_of`] every row, as the model on every row is built with it.
+fn all_rows_censoring(x: &DesignMatrix, fine_gray: bool) -> Option<Cow<'_, [f64]>> {
+    censoring_of(x, fine_gray, || {
+        censoring_weights(
+            &x.rows.time.as_f64(),
+            &x.rows.y.as_f64(),
+            &x.rows.stratum.as_u32(),
+        )
+    })
 }
 
 /// G(T−) of the rows of fold `fold` (`test`) or of the other folds, computed from those rows
@@ -646,10 +642,7 @@ fn all_rows_fit(
         }
         Folds::Copies(_) => {
             let x = problem.design;
-            let mut cols = x.column_source();
-            if problem.kind.has_intercept() && !x.has_intercept() {
-                cols = cols.prepend(super::design::Column::intercept(x.n_rows()));
-            }
+            let (cols, _) = super::columns_for(problem.kind, x);
             let mut lik = super::cpu_likelihood_from(problem.kind, x, cols, problem.lik).ok()?;
             fit_fold(problem, &priors, v, "all rows", lik.as_mut(), &zero).ok()?
         }

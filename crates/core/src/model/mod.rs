@@ -374,6 +374,17 @@ pub(crate) fn cpu_likelihood_owned_checked(
     likelihood_of(kind, &x, cols, opts)
 }
 
+/// Borrow every column of `x` for a likelihood of `kind`, with an intercept column first
+/// when `kind` has one and `x` lacks it (without copying the design); true when it was added.
+pub(crate) fn columns_for(kind: ModelKind, x: &DesignMatrix) -> (design::ColumnSource<'_>, bool) {
+    let cols = x.column_source();
+    if kind.has_intercept() && !x.has_intercept() {
+        (cols.prepend(design::Column::intercept(x.n_rows())), true)
+    } else {
+        (cols, false)
+    }
+}
+
 /// Build the CPU likelihood of `kind` from the row data of `x` and the columns `cols`
 /// (`x.columns` is not used; it may have been taken).
 pub fn cpu_likelihood_from(
