@@ -675,7 +675,7 @@ fn fuzz_sql() {
 
 /// The long run: `EPIFUSION_FUZZ_CASES` cases (default 100,000 API, as many SQL / 10).
 #[test]
-#[ignore]
+#[ignore = "long (100,000 cases, minutes in release): opt-in, see the README's fuzzing section"]
 fn fuzz_long() {
     let n = cases_from_env(100_000);
     run_api(n);

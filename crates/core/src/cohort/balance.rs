@@ -731,7 +731,7 @@ mod tests {
     /// Scale check (run with `--release --ignored`): 1,000,000 subjects × 10,000 sparse 0/1
     /// covariates (≈ 20 per subject, 20M entries), strata of 5; prints the time.
     #[test]
-    #[ignore]
+    #[ignore = "scale check (1,000,000 × 10,000, 20M entries): opt-in, run with --release"]
     fn scale_one_million_by_ten_thousand() {
         let (n, p, per_subject) = (1_000_000usize, 10_000usize, 20usize);
         let mut rng = Rng::new(1);

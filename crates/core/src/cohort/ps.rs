@@ -671,7 +671,7 @@ mod tests {
 
     /// createPs' defaults (auto CV, 10 folds × 10 repetitions); run with `--release --ignored`.
     #[test]
-    #[ignore]
+    #[ignore = "slow (auto CV, 10 folds × 10 repetitions, 5,000 subjects): opt-in, run with --release"]
     fn default_settings_cross_validate_ten_by_ten() {
         let (t, x) = simulate(5000, 50, 13);
         let started = std::time::Instant::now();
