@@ -1956,6 +1956,46 @@ mod tests {
         assert_eq!(results[0], results[2]);
     }
 
+    /// The optimality rule checks the KKT conditions at the returned β as soon as a full
+    /// cycle's violation, shrunk once more by its ratio to the previous cycle's, is predicted
+    /// within the tolerance (`ccd`'s `predicted_within`): on the bench recipe (linear
+    /// convergence) the fit stops at the first cycle whose end state passes the check — the
+    /// same fit cut one cycle earlier does not pass it — and its status is what the check says.
+    #[test]
+    fn optimality_rule_stops_at_the_first_cycle_that_passes() {
+        let data = crate::bench::sccs_data(3000, 200, 5).unwrap();
+        let lik0 = ConditionalPoisson::new(&data.design).unwrap();
+        let p = lik0.n_coef();
+        let priors = PriorSet::new(Prior::Laplace { lambda: 3.0 }, &vec![false; p]);
+        let tol = CcdOptions::fit_default().tolerance;
+        let run = |max_iterations: usize| {
+            let mut lik = lik0.clone();
+            let opts = CcdOptions {
+                max_iterations,
+                // Coordinate descent alone (no Newton polish of a small active set).
+                polish_max_block: 0,
+                ..CcdOptions::fit_default()
+            };
+            let r = ccd::fit(&mut lik, &priors, &vec![0.0; p], None, &opts).unwrap();
+            let mut fresh = lik0.clone();
+            fresh.set_beta(&r.beta);
+            let worst = (0..p)
+                .map(|j| {
+                    let (g, h) = fresh.gradient_hessian(j);
+                    ccd::scaled_violation(priors.per_coef[j], r.beta[j], g, h)
+                })
+                .fold(0.0f64, f64::max);
+            (r, worst)
+        };
+        let (done, worst) = run(1000);
+        assert_eq!(done.status, ccd::FitStatus::Converged);
+        assert!(worst <= tol, "{worst}");
+        assert!(done.iterations >= 3, "{}", done.iterations);
+        let (cut, worst_cut) = run(done.iterations - 1);
+        assert_eq!(cut.status, ccd::FitStatus::MaxIterations);
+        assert!(worst_cut > tol, "{worst_cut}");
+    }
+
     #[test]
     fn strata_without_events_are_dropped_and_weights_replicate_rows() {
         let mut rows = random_rows(21, 30, false);
