@@ -70,10 +70,11 @@
 //! loops prefetch the state of the run a few runs ahead (they are memory-latency bound).
 //! On the bench recipe at 1e6 cases (`examples/sccs_speed.rs 1000000`: 18M rows, 12.2M
 //! covered, 17.3M nonzeros, J = 1000, Laplace λ = 3, one thread, the default optimality rule)
-//! the setup takes ≈ 1.1 CPU-s and the fit ≈ 1.3 s (12 iterations) on this project's 2-core
-//! machine (1.5 s and 1.5 s before the build's row passes were typed and the Anderson trial
-//! point checkpointed; 1.34 s before re-sums of the denominators were skipped after small
-//! steps). Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`) is
+//! the setup takes ≈ 1.1 CPU-s and the fit ≈ 0.7 CPU-s (6 cycles) on this project's 2-core
+//! machine: 7 cycles and 0.8 s before the optimality rule's check ran one cycle early when
+//! predicted to pass (`model/ccd.rs`), 12 and 1.3 s before the active set gave way to full
+//! cycles, 1.5 s and 1.5 s before the build's row passes were typed and the Anderson trial
+//! point checkpointed. Its peak RSS (`examples/sccs_memory.rs`, `--generate 1000000`) is
 //! 212 MiB, 3.2× the CSC's 66 MiB: the merge's row map reuses the vector of its 32-bit row
 //! hashes, and its sums of t and y are narrowed one at a time.
 
@@ -82,7 +83,7 @@ use std::borrow::Cow;
 use rayon::prelude::*;
 
 use super::design::{Column, ColumnFormat, ColumnSource, DesignMatrix, RowIds, Values};
-use super::row_values::{last_at_most, with_values};
+use super::row_values::with_values;
 use super::Likelihood;
 use crate::error::{Error, Result};
 
@@ -571,35 +572,37 @@ struct StratumColumn {
 }
 
 impl StratumColumn {
-    /// The column of entries `pos` (ascending internal rows) and `val`; `stratum_start` gives
-    /// the first internal row of each stratum, `y` the outcome of each internal row.
-    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, stratum_start: &[u32], y: &Values) -> Self {
-        let mut run_start = Vec::new();
-        let mut run_stratum = Vec::new();
+    /// The column of entries `pos` (ascending internal rows) and `val`; `row_stratum` gives
+    /// the stratum of each internal row, `y` its outcome.
+    fn new(pos: Vec<u32>, val: Option<Vec<f64>>, row_stratum: &[u32], y: &Values) -> Self {
+        // At most one run per entry.
+        let mut run_start = Vec::with_capacity(pos.len() + 1);
+        let mut run_stratum = Vec::with_capacity(pos.len());
         let mut chunk_start = vec![0u32];
         let mut in_chunk = 0usize;
-        let mut yx = 0.0;
-        // Stratum s of the current row: stratum_start[s] ≤ p < end (empty strata skipped).
-        let (mut s, mut end) = (0u32, 0u32);
+        // No stratum has this index (strata are fewer than internal rows, < 2³¹).
+        let mut last = u32::MAX;
         for (e, &p) in pos.iter().enumerate() {
-            if p >= end {
-                // Galloping from the last stratum: a column's rows ascend, and most of its next
-                // entries are a few strata ahead.
-                s = last_at_most(stratum_start, s as usize, p) as u32;
-                end = stratum_start[s as usize + 1];
-            }
-            if run_stratum.last() != Some(&s) {
+            let s = row_stratum[p as usize];
+            if s != last {
                 if in_chunk >= CHUNK_ENTRIES {
                     chunk_start.push(run_stratum.len() as u32);
                     in_chunk = 0;
                 }
                 run_start.push(e as u32);
                 run_stratum.push(s);
+                last = s;
             }
             in_chunk += 1;
-            let x = val.as_ref().map_or(1.0, |v| v[e]);
-            yx += y.get(p as usize) * x;
         }
+        // Σ y x in entry order, in a loop compiled for y's storage type.
+        let yx = with_values!(y, yv => match &val {
+            None => pos.iter().fold(0.0, |acc, &p| acc + f64::from(yv[p as usize])),
+            Some(v) => pos
+                .iter()
+                .zip(v)
+                .fold(0.0, |acc, (&p, &x)| acc + f64::from(yv[p as usize]) * x),
+        });
         run_start.push(pos.len() as u32);
         chunk_start.push(run_stratum.len() as u32);
         let x_max = val
@@ -1100,10 +1103,16 @@ impl ConditionalPoisson {
             }
             None => (t, y, offset, stratum_start, n_covered),
         };
+        // The stratum of each internal row, for the columns' runs.
+        let mut row_stratum: Vec<u32> = Vec::with_capacity(n_covered);
+        for (s, w) in stratum_start.windows(2).enumerate() {
+            row_stratum.resize(w[1] as usize, s as u32);
+        }
         let cols: Vec<StratumColumn> = entries
             .into_par_iter()
-            .map(|(pos, val)| StratumColumn::new(pos, val, &stratum_start, &y))
+            .map(|(pos, val)| StratumColumn::new(pos, val, &row_stratum, &y))
             .collect();
+        drop(row_stratum);
         drop(y);
         let mut me = ConditionalPoisson {
             te: vec![0.0; n_covered],
