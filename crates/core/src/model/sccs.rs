@@ -580,7 +580,7 @@ impl StratumColumn {
         let mut run_stratum = Vec::with_capacity(pos.len());
         let mut chunk_start = vec![0u32];
         let mut in_chunk = 0usize;
-        // No stratum has this index (strata are fewer than internal rows, < 2³¹).
+        // No stratum has this index (stratum indices are below the number of rows, ≤ 2³² − 1).
         let mut last = u32::MAX;
         for (e, &p) in pos.iter().enumerate() {
             let s = row_stratum[p as usize];
