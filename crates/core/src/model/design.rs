@@ -628,12 +628,13 @@ impl OutcomeColumns {
         let ids = &mut self.stratum_ids;
         let map = match &mut self.stratum_index {
             Some(map) => map,
+            // Input sorted by stratum: a new id follows the last one (no search).
+            None if ids.last().is_none_or(|&last| last < id) => {
+                ids.push(id);
+                return next;
+            }
             None => match ids.binary_search(&id) {
                 Ok(k) => return k as u32,
-                Err(k) if k == ids.len() => {
-                    ids.push(id);
-                    return next;
-                }
                 // Not increasing any more: index the ids so far.
                 Err(_) => self.stratum_index.insert(
                     ids.iter()
@@ -738,6 +739,17 @@ fn grow<T>(v: &mut Vec<T>) {
     }
 }
 
+/// Make room for `n` more elements: at least the growth of [`grow`].
+#[inline]
+fn reserve_grown<T>(v: &mut Vec<T>, n: usize) {
+    if v.capacity() - v.len() < n {
+        v.reserve_exact(n.max((v.len() / 4).max(16)));
+    }
+}
+
+/// Runs of one covariate shorter than this are pushed entry by entry.
+const RUN_MIN: usize = 8;
+
 impl ColumnAcc {
     fn push(&mut self, row: u32, v: f64) {
         if v == 0.0 {
@@ -758,6 +770,24 @@ impl ColumnAcc {
         }
         grow(&mut self.rows);
         self.rows.push(row);
+    }
+
+    /// [`Self::push`] of value 1 at each of `rows` (the same storage and growth).
+    fn extend_ones(&mut self, rows: impl ExactSizeIterator<Item = u32>) {
+        let n = rows.len();
+        if let Some(values) = &mut self.values {
+            reserve_grown(values, n);
+            values.resize(values.len() + n, 1.0);
+        }
+        reserve_grown(&mut self.rows, n);
+        let mut last = self.rows.last().copied();
+        let mut increasing = self.increasing;
+        for row in rows {
+            increasing &= last.is_none_or(|l| l < row);
+            last = Some(row);
+            self.rows.push(row);
+        }
+        self.increasing = increasing;
     }
 
     /// Sort by row, check for duplicates (zero entries included) and make the column.
@@ -1004,9 +1034,44 @@ impl DesignBuilder {
             row_ids.len() == covariate_ids.len() && values.is_none_or(|v| v.len() == row_ids.len()),
             "covariate columns of different lengths"
         );
-        for (i, (&row_id, &covariate_id)) in row_ids.iter().zip(covariate_ids).enumerate() {
-            self.push_covariate(row_id, covariate_id, values.map_or(1.0, |v| v[i]));
+        let n = row_ids.len();
+        let mut k = 0;
+        while k < n {
+            // Entries grouped by covariate (a column-major source): one run per covariate.
+            let id = covariate_ids[k];
+            let end = k
+                + 1
+                + covariate_ids[k + 1..]
+                    .iter()
+                    .take_while(|&&x| x == id)
+                    .count();
+            if values.is_some() || end - k < RUN_MIN || !self.push_run(&row_ids[k..end], id) {
+                for i in k..end {
+                    self.push_covariate(row_ids[i], id, values.map_or(1.0, |v| v[i]));
+                }
+            }
+            k = end;
         }
+    }
+
+    /// [`Self::push_covariate`] of value 1 for every row id of `row_ids` and covariate `id`, at
+    /// once, when every row id is among the consecutive ids pushed so far (the common case: a
+    /// column of indicators); false (nothing pushed) otherwise.
+    fn push_run(&mut self, row_ids: &[i64], id: i64) -> bool {
+        let (RowLookup::Consecutive, RowIds::Range { first, len }) =
+            (&self.row_lookup, &self.outcomes.row_id)
+        else {
+            return false;
+        };
+        let (first, len) = (*first, *len as i64);
+        let known = |r: i64| r.checked_sub(first).is_some_and(|k| (0..len).contains(&k));
+        if id == INTERCEPT_ID || !row_ids.iter().all(|&r| known(r)) {
+            return false;
+        }
+        self.n_pushed += row_ids.len() as u64;
+        let k = self.column_of(id);
+        self.columns[k as usize].extend_ones(row_ids.iter().map(|&r| (r - first) as u32));
+        true
     }
 
     /// Add one covariate entry. Zero values are dropped (after the duplicate check).
@@ -1026,6 +1091,13 @@ impl DesignBuilder {
             self.bad_entry(seq, row, row_id, covariate_id, value);
             return;
         }
+        let k = self.column_of(covariate_id);
+        self.columns[k as usize].push(row, value);
+    }
+
+    /// Index into `columns` of covariate `covariate_id` (a new column when first seen).
+    #[inline]
+    fn column_of(&mut self, covariate_id: i64) -> u32 {
         let next = self.columns.len() as u32;
         let k = match self.last_column {
             Some((id, k)) if id == covariate_id => k,
@@ -1051,7 +1123,7 @@ impl DesignBuilder {
                 increasing: true,
             });
         }
-        self.columns[k as usize].push(row, value);
+        k
     }
 
     /// Record a covariate entry that cannot be used (the reserved intercept id, a value that
@@ -1576,6 +1648,83 @@ mod tests {
         for (a, b) in x.columns.iter().zip(&y.columns) {
             assert_eq!((a.id, &a.rows, &a.values), (b.id, &b.rows, &b.values));
         }
+    }
+
+    /// Covariates pushed as slices grouped by covariate (runs of one covariate pushed at once
+    /// where their rows are known consecutive ids) build what pushing the entries one by one
+    /// builds: the same columns, or the same error.
+    #[test]
+    fn covariate_runs_build_what_single_entries_build() {
+        let n = 40i64;
+        // (covariate, rows): increasing, decreasing, short, a repeated row, an unknown row, a
+        // run that continues an earlier column, the intercept's id.
+        let runs: Vec<(i64, Vec<i64>)> = vec![
+            (7, (1..=n).step_by(3).collect()),
+            (3, (1..=n).rev().step_by(2).collect()),
+            (9, vec![4, 8, 12]),
+            (5, (1..=12).chain([6]).collect()),
+            (6, (30..=n + 2).collect()),
+            (7, (2..=n).step_by(3).collect()),
+            (INTERCEPT_ID, (1..=10).collect()),
+        ];
+        let build = |ids: &[i64], runs: &[(i64, Vec<i64>)], slices: bool, drop: bool| {
+            let mut b = DesignBuilder::new();
+            b.drop_unknown_rows(drop);
+            let ones = vec![1.0; ids.len()];
+            b.push_outcomes(OutcomeSlices {
+                row_id: ids,
+                y: &ones,
+                ..Default::default()
+            });
+            let rows: Vec<i64> = runs.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+            let covs: Vec<i64> = runs
+                .iter()
+                .flat_map(|(c, r)| std::iter::repeat_n(*c, r.len()))
+                .collect();
+            if slices {
+                // In two batches, the second starting inside a run.
+                let cut = rows.len() / 2 + 1;
+                b.push_covariates(&rows[..cut], &covs[..cut], None);
+                b.push_covariates(&rows[cut..], &covs[cut..], None);
+            } else {
+                for (&r, &c) in rows.iter().zip(&covs) {
+                    b.push_covariate(r, c, 1.0);
+                }
+            }
+            b.build()
+        };
+        let show = |x: Result<DesignMatrix>| match x {
+            Ok(x) => format!(
+                "{:?} {}",
+                x.columns
+                    .iter()
+                    .map(|c| (c.id, c.format, c.rows.clone(), c.values.clone()))
+                    .collect::<Vec<_>>(),
+                x.dropped_unknown
+            ),
+            Err(e) => e.to_string(),
+        };
+        let consecutive: Vec<i64> = (1..=n).collect();
+        let gaps: Vec<i64> = (1..=n).map(|i| i * 2 - i % 2).collect();
+        for ids in [&consecutive, &gaps] {
+            for k in 1..=runs.len() {
+                let some = &runs[..k];
+                for drop in [false, true] {
+                    let (one, many) = (build(ids, some, false, drop), build(ids, some, true, drop));
+                    assert_eq!(show(many), show(one), "{k} runs, drop {drop}");
+                }
+            }
+        }
+        // The runs without the repeated row and the intercept build.
+        let clean: Vec<(i64, Vec<i64>)> =
+            [0, 1, 2, 4, 5].iter().map(|&i| runs[i].clone()).collect();
+        let x = build(&consecutive, &clean, true, true).unwrap();
+        assert_eq!(
+            x.columns.iter().map(|c| c.id).collect::<Vec<_>>(),
+            [3, 6, 7, 9]
+        );
+        assert_eq!(x.dropped_unknown, 2);
+        assert_eq!(x.columns[1].rows, (29..40).collect::<Vec<u32>>());
     }
 
     /// Strata are numbered in order of first appearance whether their ids arrive increasing
