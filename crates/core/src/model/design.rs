@@ -517,8 +517,11 @@ pub struct OutcomeSlices<'a> {
 /// search for increasing ids, else through a hash map), and stratum ids likewise (binary
 /// search while they increase in order of first appearance, as in input sorted by stratum, else
 /// a hash map; at 1e6 SCCS cases the search instead of the map cut the builder's peak RSS from
-/// 200 to 140 MiB). Entries whose row id is not known yet (covariates pushed before their
-/// outcome) are kept aside and resolved by [`Self::build`].
+/// 200 to 140 MiB; a new id after the last one is appended without searching). Entries whose
+/// row id is not known yet (covariates pushed before their outcome) are kept aside and resolved
+/// by [`Self::build`]. [`Self::push_covariates`] pushes a run of entries of one covariate (a
+/// table grouped by covariate) at once when all its row ids are among consecutive ids pushed
+/// so far, with the same result as pushing them one by one.
 ///
 /// ```
 /// use epifusion_core::model::design::{DesignBuilder, OutcomeRecord};
