@@ -733,18 +733,11 @@ struct ColumnAcc {
     increasing: bool,
 }
 
-/// Make room for one more element, growing by 1/4 rather than doubling: the columns are the
-/// bulk of the builder's memory, and doubling would leave up to half of it unused.
+/// Make room for `n` more elements, growing by 1/4 rather than doubling (or by `n` when that is
+/// more): the columns are the bulk of the builder's memory, and doubling would leave up to half
+/// of it unused.
 #[inline]
-fn grow<T>(v: &mut Vec<T>) {
-    if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / 4).max(16));
-    }
-}
-
-/// Make room for `n` more elements: at least the growth of [`grow`].
-#[inline]
-fn reserve_grown<T>(v: &mut Vec<T>, n: usize) {
+fn grow<T>(v: &mut Vec<T>, n: usize) {
     if v.capacity() - v.len() < n {
         v.reserve_exact(n.max((v.len() / 4).max(16)));
     }
@@ -765,13 +758,13 @@ impl ColumnAcc {
             self.values = Some(values);
         }
         if let Some(values) = &mut self.values {
-            grow(values);
+            grow(values, 1);
             values.push(v);
         }
         if self.rows.last().is_some_and(|&last| last >= row) {
             self.increasing = false;
         }
-        grow(&mut self.rows);
+        grow(&mut self.rows, 1);
         self.rows.push(row);
     }
 
@@ -779,10 +772,10 @@ impl ColumnAcc {
     fn extend_ones(&mut self, rows: impl ExactSizeIterator<Item = u32>) {
         let n = rows.len();
         if let Some(values) = &mut self.values {
-            reserve_grown(values, n);
+            grow(values, n);
             values.resize(values.len() + n, 1.0);
         }
-        reserve_grown(&mut self.rows, n);
+        grow(&mut self.rows, n);
         let mut last = self.rows.last().copied();
         let mut increasing = self.increasing;
         for row in rows {
@@ -1037,6 +1030,12 @@ impl DesignBuilder {
             row_ids.len() == covariate_ids.len() && values.is_none_or(|v| v.len() == row_ids.len()),
             "covariate columns of different lengths"
         );
+        if let Some(values) = values {
+            for (i, (&row_id, &covariate_id)) in row_ids.iter().zip(covariate_ids).enumerate() {
+                self.push_covariate(row_id, covariate_id, values[i]);
+            }
+            return;
+        }
         let n = row_ids.len();
         let mut k = 0;
         while k < n {
@@ -1048,9 +1047,9 @@ impl DesignBuilder {
                     .iter()
                     .take_while(|&&x| x == id)
                     .count();
-            if values.is_some() || end - k < RUN_MIN || !self.push_run(&row_ids[k..end], id) {
-                for i in k..end {
-                    self.push_covariate(row_ids[i], id, values.map_or(1.0, |v| v[i]));
+            if end - k < RUN_MIN || !self.push_run(&row_ids[k..end], id) {
+                for &row_id in &row_ids[k..end] {
+                    self.push_covariate(row_id, id, 1.0);
                 }
             }
             k = end;
