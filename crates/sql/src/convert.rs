@@ -236,6 +236,8 @@ pub struct BatchSource {
     pub schema: SchemaRef,
     batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, ArrowError>>>,
     file: String,
+    /// The number of rows the batches hold, when known up front (a size hint only).
+    rows: Option<usize>,
 }
 
 impl BatchSource {
@@ -246,10 +248,12 @@ impl BatchSource {
         schema: SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Self {
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
         BatchSource {
             schema,
             batches: Box::new(batches.into_iter().map(Ok)),
             file: label.into(),
+            rows: Some(rows),
         }
     }
 
@@ -264,7 +268,21 @@ impl BatchSource {
             schema,
             batches: Box::new(batches),
             file: label.into(),
+            rows: None,
         }
+    }
+
+    /// Declare how many rows the batches hold (e.g. from a plan's exact statistics): the
+    /// readers reserve room for them. A hint only: a wrong count costs memory or regrowth,
+    /// never rows.
+    pub fn with_rows(mut self, rows: Option<usize>) -> Self {
+        self.rows = rows;
+        self
+    }
+
+    /// The number of rows the batches hold, when known up front.
+    pub fn rows(&self) -> Option<usize> {
+        self.rows
     }
 
     /// The label used in error messages (file name or query).
@@ -303,11 +321,13 @@ pub fn open_batches(path: &Path, batch_size: usize) -> Result<BatchSource> {
                 .map_err(|e| format_err(&file_name, e))?
                 .with_batch_size(batch_size);
             let schema = builder.schema().clone();
+            let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).ok();
             let reader = builder.build().map_err(|e| format_err(&file_name, e))?;
             Ok(BatchSource {
                 schema,
                 batches: Box::new(reader),
                 file: file_name,
+                rows,
             })
         }
         "csv" => {
@@ -325,6 +345,7 @@ pub fn open_batches(path: &Path, batch_size: usize) -> Result<BatchSource> {
                 schema,
                 batches: Box::new(reader),
                 file: file_name,
+                rows: None,
             })
         }
         other => Err(Error::Format(format!(
@@ -702,6 +723,9 @@ pub fn read_long_from(
 ) -> Result<(DesignBuilder, ReadReport)> {
     let mut builder = DesignBuilder::new();
     builder.drop_unknown_rows(opts.drop_unknown_rows);
+    if let Some(n) = outcomes.rows() {
+        builder.reserve_rows(n);
+    }
     let mut report = ReadReport::default();
 
     // Outcomes.
@@ -774,6 +798,9 @@ pub fn read_wide_from(
     opts: &ReadOptions,
 ) -> Result<(DesignBuilder, ReadReport)> {
     let mut builder = DesignBuilder::new();
+    if let Some(n) = source.rows() {
+        builder.reserve_rows(n);
+    }
     let mut report = ReadReport::default();
     let file = source.label().to_string();
     let schema = source.schema.clone();
@@ -1609,6 +1636,22 @@ mod tests {
         let from_parquet = b.build().unwrap();
         same_design(&from_csv, &from_parquet);
         assert_eq!(from_csv.columns[1].format.name(), "sparse");
+        // Parquet knows its row count (the readers reserve room), CSV does not; a wrong count
+        // is only a hint: every row is read either way.
+        assert_eq!(open_batches(&op, 2).unwrap().rows(), Some(3));
+        assert_eq!(open_batches(&oc, 2).unwrap().rows(), None);
+        for hint in [None, Some(0), Some(1), Some(1000)] {
+            let batches = |p: &Path| open_batches(p, 2).unwrap().collect::<Result<Vec<_>>>();
+            let source = |p: &Path| {
+                let b = batches(p).unwrap();
+                let all = BatchSource::from_batches("t", b[0].schema(), b.clone());
+                assert_eq!(all.rows(), Some(b.iter().map(RecordBatch::num_rows).sum()));
+                BatchSource::from_iter("t", b[0].schema(), b.into_iter().map(Ok)).with_rows(hint)
+            };
+            let (b, rep) = read_long_from(source(&op), source(&cp), &opts).unwrap();
+            assert_eq!(rep.outcome_rows, 3, "row count hint {hint:?}");
+            same_design(&from_csv, &b.build().unwrap());
+        }
         assert_eq!(from_csv.rows.stratum_ids, vec![10, 20]);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -417,9 +417,11 @@ impl DisplayAs for OneBatchExec {
 /// are streamed into ([`stream_inputs`]).
 enum InputTable {
     Batches(SchemaRef, Vec<RecordBatch>),
+    /// The schema, the channel, and the plan's exact row count when its statistics know it.
     Stream(
         SchemaRef,
         tokio::sync::mpsc::Receiver<ArrowResult<RecordBatch>>,
+        Option<usize>,
     ),
 }
 
@@ -433,11 +435,12 @@ impl InputTable {
             InputTable::Batches(schema, batches) => {
                 BatchSource::from_batches(label, schema, batches)
             }
-            InputTable::Stream(schema, mut rx) => BatchSource::from_iter(
+            InputTable::Stream(schema, mut rx, rows) => BatchSource::from_iter(
                 label,
                 schema,
                 std::iter::from_fn(move || rx.blocking_recv()),
-            ),
+            )
+            .with_rows(rows),
         }
     }
 }
@@ -466,11 +469,23 @@ pub fn stream_inputs(
 ) -> (TableInputs, BoxFuture<'static, DfResult<()>>) {
     use futures::StreamExt;
     let (tx_o, rx_o) = tokio::sync::mpsc::channel(STREAM_BUFFER);
-    let inputs_o = InputTable::Stream(outcomes.schema(), rx_o);
+    // The row count where the plan's statistics know it exactly (a Parquet scan without a
+    // filter): the builder reserves room for the rows instead of regrowing.
+    let exact_rows = |plan: &Arc<dyn ExecutionPlan>| {
+        let stats = plan.partition_statistics(None).ok()?;
+        stats
+            .num_rows
+            .is_exact()
+            .unwrap_or(false)
+            .then(|| stats.num_rows.get_value().copied())
+            .flatten()
+    };
+    let inputs_o = InputTable::Stream(outcomes.schema(), rx_o, exact_rows(&outcomes));
     let (cov, tx_c) = match &covariates {
         Some(plan) => {
             let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
-            (Some(InputTable::Stream(plan.schema(), rx)), Some(tx))
+            let rows = exact_rows(plan);
+            (Some(InputTable::Stream(plan.schema(), rx, rows)), Some(tx))
         }
         None => (None, None),
     };

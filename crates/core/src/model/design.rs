@@ -743,6 +743,21 @@ fn grow<T>(v: &mut Vec<T>, n: usize) {
     }
 }
 
+/// How many values at the start of `v` equal `id`: eight at a time (a comparison of eight
+/// lanes), then the first that differs.
+#[inline]
+fn run_length(v: &[i64], id: i64) -> usize {
+    let mut n = 0;
+    let mut blocks = v.chunks_exact(8);
+    for b in &mut blocks {
+        if !b.iter().fold(true, |all, &x| all & (x == id)) {
+            return n + b.iter().take_while(|&&x| x == id).count();
+        }
+        n += 8;
+    }
+    n + blocks.remainder().iter().take_while(|&&x| x == id).count()
+}
+
 /// Runs of one covariate shorter than this are pushed entry by entry.
 const RUN_MIN: usize = 8;
 
@@ -849,6 +864,14 @@ impl DesignBuilder {
         self.drop_unknown_rows = yes;
         self
     }
+    /// Make room for `n` more outcome rows in the columns every row fills (`time`, `y`): a
+    /// reader that knows its row count (Parquet metadata, a plan's exact statistics) fills
+    /// them without regrowing and copying them. Only capacity: any number of rows can follow.
+    pub fn reserve_rows(&mut self, n: usize) -> &mut Self {
+        self.outcomes.time.reserve(n);
+        self.outcomes.y.reserve(n);
+        self
+    }
     /// Add one outcome row.
     pub fn push_outcome(&mut self, rec: OutcomeRecord) {
         use std::slice::from_ref;
@@ -900,7 +923,7 @@ impl DesignBuilder {
                 let mut k = 0;
                 while k < n {
                     let id = ids[k];
-                    let run = 1 + ids[k + 1..].iter().take_while(|&&x| x == id).count();
+                    let run = 1 + run_length(&ids[k + 1..], id);
                     let s = match o.last_stratum {
                         Some((last, s)) if last == id => s,
                         _ => {
@@ -956,10 +979,14 @@ impl DesignBuilder {
             } else {
                 first.checked_add(*len as i64)
             };
+            // The last id must not overflow; then every id is `start + k` exactly when its
+            // wrapping difference from `start` is k (one comparison per id, vectorized).
             let consecutive = start.is_some_and(|start| {
-                ids.iter()
-                    .enumerate()
-                    .all(|(k, &id)| start.checked_add(k as i64) == Some(id))
+                start.checked_add(ids.len() as i64 - 1).is_some()
+                    && ids
+                        .iter()
+                        .zip(0i64..)
+                        .fold(true, |all, (&id, k)| all & (id.wrapping_sub(start) == k))
             });
             if consecutive {
                 if *len == 0 {
@@ -1496,6 +1523,63 @@ mod tests {
         let (x_rows, x_cols) = (rows.build().unwrap(), cols.build().unwrap());
         assert_eq!(row_fields(&x_cols), row_fields(&x_rows));
         assert_eq!(x_cols.rows.stratum, vec![0u32, 0, 0, 0, 1, 1, 0, 0, 2]);
+
+        // Long strata runs (the run scan goes eight ids at a time: runs of 0–20 rows end
+        // inside and at the edges of its blocks) and consecutive ids up to i64::MAX, with room
+        // reserved or not, cut into batches anywhere; then ids below the range, past
+        // i64::MAX (not consecutive: they would wrap), and gaps.
+        let mut strata = Vec::new();
+        for (k, len) in [1usize, 8, 9, 16, 7, 20, 15, 17, 3, 8, 2]
+            .into_iter()
+            .enumerate()
+        {
+            strata.extend(std::iter::repeat_n(k as i64 % 4, len));
+        }
+        let n = strata.len() as i64;
+        for (first, tail) in [
+            (0, vec![-2, n + 2]),
+            (i64::MAX - n + 1, vec![i64::MIN, i64::MIN + 1]),
+            (i64::MAX - n, vec![i64::MAX, -3]),
+        ] {
+            let ids: Vec<i64> = (0..n).map(|k| first + k).chain(tail).collect();
+            let strata: Vec<i64> = strata.iter().copied().chain([9, 9]).collect();
+            let mut rows = DesignBuilder::new();
+            for i in 0..ids.len() {
+                rows.push_outcome(OutcomeRecord {
+                    stratum_id: Some(strata[i]),
+                    ..rec(ids[i], 1.0, 1.0)
+                });
+            }
+            let expected = rows.build().map(|x| row_fields(&x));
+            for cuts in [
+                vec![ids.len()],
+                vec![5, 13, 50, ids.len()],
+                vec![1, 2, 96, 97],
+            ] {
+                for reserve in [0, 3, ids.len()] {
+                    let mut cols = DesignBuilder::new();
+                    cols.reserve_rows(reserve);
+                    let mut start = 0;
+                    for &end in cuts.iter().chain([&ids.len()]) {
+                        let ones = vec![1.0; end - start];
+                        cols.push_outcomes(OutcomeSlices {
+                            row_id: &ids[start..end],
+                            stratum_id: Some(&strata[start..end]),
+                            time: Some(&ones),
+                            y: &ones,
+                            ..Default::default()
+                        });
+                        start = end;
+                    }
+                    let got = cols.build().map(|x| row_fields(&x));
+                    assert_eq!(
+                        format!("{got:?}"),
+                        format!("{expected:?}"),
+                        "first id {first}, cuts {cuts:?}, reserved {reserve}"
+                    );
+                }
+            }
+        }
 
         // A batch without strata after one with them is the same error either way.
         let mut rows = DesignBuilder::new();

@@ -146,6 +146,11 @@ impl Values {
         Values::U8(Vec::with_capacity(n))
     }
 
+    /// Make room for `n` more values in the current form (kept when it widens).
+    pub fn reserve(&mut self, n: usize) {
+        with_values!(self, v => v.reserve_exact(n));
+    }
+
     /// `v` stored in the narrowest form that holds every value exactly (one scan for the
     /// form — two when the values are not all integers but may fit f32 —, one for the copy).
     fn from_f64(v: Vec<f64>) -> Self {
