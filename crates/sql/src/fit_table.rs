@@ -472,7 +472,10 @@ pub fn stream_inputs(
     // The row count where the plan's statistics know it exactly (a Parquet scan without a
     // filter): the builder reserves room for the rows instead of regrowing.
     let exact_rows = |plan: &Arc<dyn ExecutionPlan>| {
-        let stats = plan.partition_statistics(None).ok()?;
+        use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
+        let stats = StatisticsContext::new()
+            .compute(plan.as_ref(), &StatisticsArgs::new())
+            .ok()?;
         stats
             .num_rows
             .is_exact()
@@ -769,5 +772,49 @@ impl ExecutionPlan for OneBatchExec {
             schema,
             futures::stream::once(fut),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{ArrayRef, Int64Array};
+    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+
+    /// A streamed Parquet scan carries its exact row count (the builder reserves room for the
+    /// rows); a filtered one, whose count is only an estimate, carries none.
+    #[tokio::test]
+    async fn a_parquet_scan_streams_with_its_exact_row_count() {
+        let dir =
+            std::env::temp_dir().join(format!("epifusion-stream-rows-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ids: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5]));
+        let batch = RecordBatch::try_from_iter([("row_id", ids)]).unwrap();
+        let path = dir.join("o.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let ctx = SessionContext::new();
+        ctx.register_parquet("o", path.to_str().unwrap(), ParquetReadOptions::default())
+            .await
+            .unwrap();
+        for (sql, expected) in [
+            ("SELECT row_id FROM o", Some(5)),
+            ("SELECT row_id AS r, row_id + 1 AS s FROM o", Some(5)),
+            ("SELECT row_id FROM o WHERE row_id > 2", None),
+        ] {
+            let plan = ctx
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let (inputs, _feeder) = stream_inputs(plan, None, ctx.task_ctx());
+            let source = inputs.outcomes.source("o");
+            assert_eq!(source.rows(), expected, "{sql}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
