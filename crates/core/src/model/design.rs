@@ -1550,7 +1550,10 @@ mod tests {
                     ..rec(ids[i], 1.0, 1.0)
                 });
             }
-            let expected = rows.build().map(|x| row_fields(&x));
+            let expected = rows.build().map(|x| {
+                assert_eq!(x.rows.row_id.to_vec(), ids, "first id {first}");
+                row_fields(&x)
+            });
             for cuts in [
                 vec![ids.len()],
                 vec![5, 13, 50, ids.len()],

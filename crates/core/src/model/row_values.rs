@@ -806,7 +806,8 @@ impl RowIds {
                     *len += 1;
                 } else {
                     let mut v = Vec::with_capacity(*len + *len / 4 + 16);
-                    v.extend(*first..*first + *len as i64);
+                    // first + k for k < len (first + len itself can be past i64::MAX).
+                    v.extend((0..*len).map(|k| *first + k as i64));
                     v.push(id);
                     *self = RowIds::Ids(v);
                 }
