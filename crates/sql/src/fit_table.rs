@@ -472,16 +472,15 @@ pub fn stream_inputs(
     // The row count where the plan's statistics know it exactly (a Parquet scan without a
     // filter): the builder reserves room for the rows instead of regrowing.
     let exact_rows = |plan: &Arc<dyn ExecutionPlan>| {
+        use datafusion::common::stats::Precision;
         use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
         let stats = StatisticsContext::new()
             .compute(plan.as_ref(), &StatisticsArgs::new())
             .ok()?;
-        stats
-            .num_rows
-            .is_exact()
-            .unwrap_or(false)
-            .then(|| stats.num_rows.get_value().copied())
-            .flatten()
+        match stats.num_rows {
+            Precision::Exact(n) => Some(n),
+            _ => None,
+        }
     };
     let inputs_o = InputTable::Stream(outcomes.schema(), rx_o, exact_rows(&outcomes));
     let (cov, tx_c) = match &covariates {
