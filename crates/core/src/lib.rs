@@ -11,7 +11,8 @@
 //! builds none of them. [`bench`] holds the seeded data generators of `epifusion bench`;
 //! [`calibration`] the empirical calibration of estimates with negative controls; [`cohort`] the
 //! comparative cohort maths of CohortMethod (propensity scores, matching, stratification, IPTW,
-//! covariate balance, MDRR, diagnostics, Kaplan–Meier).
+//! covariate balance, MDRR, diagnostics, Kaplan–Meier); [`memory`] hands freed memory back to
+//! the operating system after a build's large frees.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -21,6 +22,7 @@ pub mod cancel;
 pub mod cohort;
 pub mod error;
 pub mod fit;
+pub mod memory;
 pub mod model;
 pub mod options;
 pub mod sccs_diagnostics;
