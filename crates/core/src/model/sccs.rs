@@ -1085,9 +1085,7 @@ impl ConditionalPoisson {
                         let (t, y) = ((&mut ts[..], None), (&mut ys[..], None));
                         n_kc = kept_covered(st, &n_in, kc, &mut internal, &mut k, unit_time, t, y);
                         ts.truncate(n_kc);
-                        ts.shrink_to_fit();
                         ys.truncate(n_kc);
-                        ys.shrink_to_fit();
                     }));
                     (t_all, y_all)
                 }
@@ -1149,6 +1147,7 @@ impl ConditionalPoisson {
         stratum_start.push(t.len() as u32);
         drop((covered, sorted_kept, n_in));
         t.shrink_to_fit();
+        y.shrink_to_fit();
         if let Some(o) = offset.as_mut() {
             o.shrink_to_fit();
         }
@@ -1838,9 +1837,8 @@ mod tests {
         assert_eq!(bits(&lik.nd), bits(&want));
     }
 
-    /// Strata whose rows repeat a few covariate patterns (0/1 and real values) and offsets.
-    /// Rows of `n_strata` strata of `least` to `least + 6` rows, each with one of six covariate
-    /// patterns (one without covariates).
+    /// `n_strata` strata of `least` to `least + 6` rows whose rows repeat six covariate patterns
+    /// (0/1 and real values; one without covariates) and two offsets.
     fn repeated_rows(seed: u64, n_strata: usize, least: u64) -> Vec<Row> {
         let patterns: [&[(i64, f64)]; 6] = [
             &[(1000, 1.0)],
@@ -1914,8 +1912,7 @@ mod tests {
     /// The likelihood of `rows` with and without colliding hashes against a brute force;
     /// the merged rows expected with strong and weak hashes, and the covered rows.
     fn merged_rows_match_a_brute_force(rows: &[Row]) -> (usize, usize, usize) {
-        let rows = rows.to_vec();
-        let x = design(&rows, true);
+        let x = design(rows, true);
         let beta = [0.4, -0.3, 0.7];
         for weak in [false, true] {
             WEAK_ROW_HASH.with(|w| w.set(weak));
@@ -1924,7 +1921,7 @@ mod tests {
             let mut lik = built.unwrap();
             assert_eq!(
                 lik.te.len(),
-                expected_merged(&rows, weak),
+                expected_merged(rows, weak),
                 "weak hash {weak}"
             );
             lik.set_beta(&beta);
@@ -1953,7 +1950,7 @@ mod tests {
             }
         }
         let covered = rows.iter().filter(|r| !r.5.is_empty()).count();
-        let (merged, weak) = (expected_merged(&rows, false), expected_merged(&rows, true));
+        let (merged, weak) = (expected_merged(rows, false), expected_merged(rows, true));
         (merged, weak, covered)
     }
 
