@@ -22,6 +22,26 @@ fn use_one_malloc_arena() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn use_one_malloc_arena() {}
 
+/// glibc serves blocks from 128 KiB up with fresh mappings until the first such block is freed,
+/// then raises that threshold to the freed size (at most 32 MiB) and its heap-trim threshold to
+/// twice that. A fit frees and allocates many such blocks (Parquet pages, Arrow batches, the
+/// design's columns), so until then each one is mapped, faulted in page by page and unmapped
+/// again. Starting at the thresholds glibc's own rule ends at (32 MiB and 64 MiB) saves that:
+/// 5 % of the CPU time of the README's 1e5-case SCCS query; the 1e6-case peak RSS is unchanged
+/// (its large blocks are mapped either way, and large SCCS builds trim the heap themselves,
+/// `epifusion_core::memory::release_free_memory`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn start_malloc_at_its_limits() {
+    // SAFETY: mallopt only changes allocator tuning; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn start_malloc_at_its_limits() {}
+
 fn main() {
     let cli = Cli::parse();
     // Not for the cluster's nodes: an executor runs several tasks at once, each allocating
@@ -31,6 +51,7 @@ fn main() {
     if !matches!(cli.command, Command::Scheduler(_) | Command::Executor(_)) {
         use_one_malloc_arena();
     }
+    start_malloc_at_its_limits();
     epifusion::init();
     let outcome = match cli.command {
         Command::Fit(a) => cli::fit::run_fit(&a),
