@@ -815,6 +815,22 @@ mod tests {
     use datafusion::arrow::array::{ArrayRef, Int64Array};
     use datafusion::prelude::{ParquetReadOptions, SessionContext};
 
+    fn write_parquet(
+        path: &std::path::Path,
+        batch: &RecordBatch,
+        props: Option<parquet::file::properties::WriterProperties>,
+    ) {
+        let file = std::fs::File::create(path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), props).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+    }
+
+    async fn physical_plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+        let frame = ctx.sql(sql).await.unwrap();
+        frame.create_physical_plan().await.unwrap()
+    }
+
     /// A streamed Parquet scan carries its exact row count (the builder reserves room for the
     /// rows); a filtered one, whose count is only an estimate, carries none.
     #[tokio::test]
@@ -825,10 +841,7 @@ mod tests {
         let ids: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5]));
         let batch = RecordBatch::try_from_iter([("row_id", ids)]).unwrap();
         let path = dir.join("o.parquet");
-        let file = std::fs::File::create(&path).unwrap();
-        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        write_parquet(&path, &batch, None);
         let ctx = SessionContext::new();
         ctx.register_parquet("o", path.to_str().unwrap(), ParquetReadOptions::default())
             .await
@@ -838,13 +851,7 @@ mod tests {
             ("SELECT row_id AS r, row_id + 1 AS s FROM o", Some(5)),
             ("SELECT row_id FROM o WHERE row_id > 2", None),
         ] {
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
+            let plan = physical_plan(&ctx, sql).await;
             let (inputs, _feeder) = stream_inputs(plan, None, ctx.task_ctx());
             let source = inputs.outcomes.source("o");
             assert_eq!(source.rows(), expected, "{sql}");
@@ -865,14 +872,10 @@ mod tests {
         let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
         let batch = RecordBatch::try_from_iter([("row_id", ids)]).unwrap();
         let path = dir.join("o.parquet");
-        let file = std::fs::File::create(&path).unwrap();
         let props = parquet::file::properties::WriterProperties::builder()
             .set_max_row_group_row_count(Some(n))
             .build();
-        let mut w =
-            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        write_parquet(&path, &batch, Some(props));
         let wide: Vec<String> = (0..200).map(|k| format!("row_id + {k} AS c{k}")).collect();
         let wide = format!("SELECT {} FROM o", wide.join(", "));
         let default = datafusion::prelude::SessionConfig::new().batch_size();
@@ -894,13 +897,7 @@ mod tests {
             ctx.register_parquet("o", path.to_str().unwrap(), ParquetReadOptions::default())
                 .await
                 .unwrap();
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
+            let plan = physical_plan(&ctx, sql).await;
             let context = input_context(&plan, &ctx.task_ctx());
             let mut stream = plan.execute(0, context).unwrap();
             let mut sizes = Vec::new();
