@@ -6,13 +6,15 @@
 //!
 //! Conventions found while reproducing the references:
 //!
-//! * **Censoring distribution.** `survival::finegray` places censorings tied with failures
-//!   *after* them (it moves failure times back by 0.2 of a rank before its `survfit`); this is
-//!   the default of the oracle and the engine ([`km_censoring_g_minus`]). `cmprsk::crr` uses
-//!   `survfit`'s usual convention (failures still at risk for censoring at their time,
-//!   [`km_censoring_g_minus_survfit_ties`]). The two differ only where censorings tie with
-//!   failures (mgus2's months, not cmprsk's continuous test data); the crr references below are
-//!   reproduced by supplying crr's G(T−) as the `censor_weight` column.
+//! * **Censoring distribution.** `cmprsk::crr` (and Cyclops' `getFineGrayWeights`) use
+//!   `survfit`'s usual convention: failures still at risk for censoring at their time
+//!   ([`km_censoring_g_minus`]); this is the default of the oracle and the engine.
+//!   `survival::finegray` places censorings tied with failures *after* them (it moves failure
+//!   times back by 0.2 of a rank before its `survfit`;
+//!   [`km_censoring_g_minus_finegray_ties`]). The two differ only where censorings tie with
+//!   failures (mgus2's months, not cmprsk's continuous test data); the finegray references
+//!   below are reproduced by supplying finegray's G(T−) as the `censor_weight` column, the crr
+//!   ones with the weights the engine computes itself (on complete data).
 //! * **Missing covariates.** `finegray()` defaults to `na.pass`: G is estimated on all 1,384
 //!   mgus2 rows and `coxph` then drops the 11 rows with missing mspike. `crr` drops incomplete
 //!   rows first and estimates G on the rest.
@@ -28,7 +30,7 @@ use crate::golden_support::{
     assert_abs, assert_agrees_with_oracle, assert_ref, assert_refs, fit_ml, laplace_fit_and_check,
     on_both_backends, pick, select, Backend, MlFit, Survival, Table,
 };
-use crate::oracle::{km_censoring_g_minus, km_censoring_g_minus_survfit_ties, Oracle};
+use crate::oracle::{km_censoring_g_minus, km_censoring_g_minus_finegray_ties, Oracle};
 
 on_both_backends!(
     fdata_censoring_weights,
@@ -63,7 +65,12 @@ fn fit(backend: Backend, data: &Survival, ties: Ties) -> MlFit {
 /// (0, 3, 4, 6, 8, 9], censorings placed after failures at tied times. Expected finegray
 /// weights for event type 1: subject 2 (competing at 2) gets G(3), G(4), G(9) in the risk sets
 /// of the type-1 events at 4, 5 and 10; subject 7 (competing at 5) 5/12 at 10; subject 11
-/// (competing at 8) 1/2 at 10.
+/// (competing at 8) 1/2 at 10. The oracle reproduces them from finegray's G supplied as
+/// `censor_weight`.
+///
+/// What the engine computes itself is crr's (and Cyclops') G, `survfit`'s ties: the failures at
+/// 4 and the competing event at 8 are still at risk for the censorings there, so the factors
+/// are 11/12, 9/11, 5/6, 4/5, 2/3 (and 0 after the last censoring at 12).
 fn fdata_censoring_weights(backend: Backend) {
     let t = Table::read("finegray_fdata.csv");
     let keep = vec![true; t.rows.len()];
@@ -89,22 +96,45 @@ fn fdata_censoring_weights(backend: Backend) {
         _ => g[5],
     };
     let expected: Vec<f64> = time.iter().map(|&t| g_minus_of(t)).collect();
+    let survfit_factors = [
+        (3.0, 11.0 / 12.0),
+        (4.0, 9.0 / 11.0),
+        (6.0, 5.0 / 6.0),
+        (8.0, 4.0 / 5.0),
+        (9.0, 2.0 / 3.0),
+        (12.0, 0.0),
+    ];
+    let expected_survfit: Vec<f64> = time
+        .iter()
+        .map(|&t| {
+            survfit_factors
+                .iter()
+                .filter(|(c, _)| *c < t)
+                .map(|(_, f)| f)
+                .product()
+        })
+        .collect();
     let y = status.clone();
-    let data = Survival {
+    let mut data = Survival {
         time: time.clone(),
         y: y.clone(),
         covariates: vec![pick(&t.num("x"), &keep)],
         ..Default::default()
     };
-    let x = data.design();
+    let computed = data.design();
+    data.censor_weight = Some(expected.clone());
+    let finegray = data.design();
     match backend {
         Backend::Oracle => {
-            let got = km_censoring_g_minus(&time, &status, &stratum);
+            let got = km_censoring_g_minus_finegray_ties(&time, &status, &stratum);
+            let got_survfit = km_censoring_g_minus(&time, &status, &stratum);
             for i in 0..time.len() {
                 assert_abs(&format!("G(T−) row {i}"), got[i], expected[i], 1e-15);
+                let (a, b) = (got_survfit[i], expected_survfit[i]);
+                assert_abs(&format!("survfit G(T−) row {i}"), a, b, 1e-15);
             }
             // The finegray weights G(t−)/G(T_j−) of the expanded data.
-            let o = Oracle::new(ModelKind::FineGray, &x, Ties::Breslow);
+            let o = Oracle::new(ModelKind::FineGray, &finegray, Ties::Breslow);
             let w = |row: usize, t: f64| o.risk_weight(row, t, g_minus_of(t));
             let subject = |id: usize| id - 1;
             assert_abs("id 2 at 4", w(subject(2), 4.0), g[1], 1e-15);
@@ -116,19 +146,22 @@ fn fdata_censoring_weights(backend: Backend) {
             assert_abs("censored id 3 at 4", w(subject(3), 4.0), 0.0, 0.0);
         }
         Backend::Engine => {
-            engine_censoring_weights(&time, &y, &stratum, &expected);
-            // Indirectly: the engine, computing its own weights, agrees with the oracle.
-            let mut lik = backend.likelihood(ModelKind::FineGray, &x, Ties::Breslow);
-            let mut oracle = Oracle::new(ModelKind::FineGray, &x, Ties::Breslow);
-            for b in [0.0, 0.3, -0.8] {
-                assert_agrees_with_oracle(lik.as_mut(), &mut oracle, &[b], "fdata");
+            engine_censoring_weights(&time, &y, &stratum, &expected_survfit);
+            // Indirectly: the engine, computing its own weights or given finegray's, agrees
+            // with the oracle.
+            for x in [&computed, &finegray] {
+                let mut lik = backend.likelihood(ModelKind::FineGray, x, Ties::Breslow);
+                let mut oracle = Oracle::new(ModelKind::FineGray, x, Ties::Breslow);
+                for b in [0.0, 0.3, -0.8] {
+                    assert_agrees_with_oracle(lik.as_mut(), &mut oracle, &[b], "fdata");
+                }
             }
         }
     }
 }
 
 /// `epifusion::model::censoring::censoring_weights(time, y, stratum) -> Vec<f64>` (G(T_i−) per
-/// row) against the published values.
+/// row) against the expected values.
 fn engine_censoring_weights(time: &[f64], y: &[f64], stratum: &[u32], expected: &[f64]) {
     let got = epifusion::model::censoring::censoring_weights(time, y, stratum);
     assert_eq!(got.len(), expected.len());
@@ -248,8 +281,8 @@ enum Convention {
     Crr,
 }
 
-/// The design for `covariates` of mgus2 under a convention. With `FineGray` and no missing
-/// values the engine computes G itself; otherwise G(T−) is supplied as `censor_weight`.
+/// The design for `covariates` of mgus2 under a convention. With `Crr` and no missing values
+/// the engine computes G itself; otherwise G(T−) is supplied as `censor_weight`.
 fn mgus2_design(m: &Mgus2, covariates: &[&Vec<Option<f64>>], conv: Convention) -> Survival {
     let n = m.time.len();
     let keep: Vec<bool> = (0..n)
@@ -258,15 +291,15 @@ fn mgus2_design(m: &Mgus2, covariates: &[&Vec<Option<f64>>], conv: Convention) -
     let complete = keep.iter().all(|&k| k);
     let stratum = vec![0u32; n];
     let censor_weight = match conv {
-        Convention::FineGray if complete => None,
         Convention::FineGray => Some(select(
-            &km_censoring_g_minus(&m.time, &m.y, &stratum),
+            &km_censoring_g_minus_finegray_ties(&m.time, &m.y, &stratum),
             &keep,
         )),
+        Convention::Crr if complete => None,
         Convention::Crr => {
             let (t, y) = (select(&m.time, &keep), select(&m.y, &keep));
             let s = vec![0u32; t.len()];
-            Some(km_censoring_g_minus_survfit_ties(&t, &y, &s))
+            Some(km_censoring_g_minus(&t, &y, &s))
         }
     };
     Survival {

@@ -13,7 +13,7 @@
 //!   at t are in it), each with weight v = w.
 //! * **Fine–Gray risk set** of (s, t): rows of s with time ≥ t (weight v = w) plus competing rows
 //!   (y = 2) of s with time < t, weight v = w · G(t−)/G(T_j−), G = Kaplan–Meier survival of the
-//!   censoring distribution of stratum s (see [`km_censoring_g_minus`]) or the supplied
+//!   censoring distribution of stratum s with `survfit`'s ties (see [`km_censoring_g_minus`]) or the supplied
 //!   `censor_weight` column (= G(T_i−) per row). G(t−) of a group is the value of its event rows.
 //! * S0/S1/S2 = Σ_risk v e (1, x, xxᵀ).
 //! * **Breslow**: LL = Σ_events w η − Σ_groups W log S0.
@@ -255,23 +255,24 @@ impl Likelihood for Oracle {
 }
 
 /// G(T_i−) per row: the Kaplan–Meier survival of the censoring distribution of row i's stratum
-/// just before its time. `status` 0 = censored, anything else = a failure ("not censored").
-/// Censorings tied with failures are placed **after** them (R `survival::finegray`): at a
-/// censoring time c, the number at risk for censoring is #{time > c} + #{censored at c}.
-/// Case weights do not enter.
+/// just before its time, with `survfit`'s usual tie convention, as `cmprsk::crr` and Cyclops'
+/// `getFineGrayWeights` use it (`survfit(Surv(ftime, fstatus == 0))` evaluated at
+/// `ftime * (1 − 100 ε)`): failures at a censoring time c are still at risk for censoring at c
+/// (#at risk = #{time ≥ c}). `status` 0 = censored, anything else = a failure ("not censored").
+/// Case weights do not enter. What the engine computes when no `censor_weight` is supplied.
 pub fn km_censoring_g_minus(time: &[f64], status: &[f64], stratum: &[u32]) -> Vec<f64> {
-    km_g_minus(time, status, stratum, false)
+    km_g_minus(time, status, stratum, true)
 }
 
-/// Like [`km_censoring_g_minus`] but with `survfit`'s usual tie convention, as `cmprsk::crr`
-/// uses it (`survfit(Surv(ftime, fstatus == 0))` evaluated at `ftime * (1 − 100 ε)`): failures
-/// at a censoring time c are still at risk for censoring at c (#at risk = #{time ≥ c}).
-pub fn km_censoring_g_minus_survfit_ties(
+/// Like [`km_censoring_g_minus`] but with censorings tied with failures placed **after** them
+/// (R `survival::finegray`): at a censoring time c, the number at risk for censoring is
+/// #{time > c} + #{censored at c}.
+pub fn km_censoring_g_minus_finegray_ties(
     time: &[f64],
     status: &[f64],
     stratum: &[u32],
 ) -> Vec<f64> {
-    km_g_minus(time, status, stratum, true)
+    km_g_minus(time, status, stratum, false)
 }
 
 fn km_g_minus(time: &[f64], status: &[f64], stratum: &[u32], failures_at_risk: bool) -> Vec<f64> {

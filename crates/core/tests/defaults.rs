@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 
 use epifusion_core::fit::{fit, FitOptions, FitResult};
 use epifusion_core::model::ccd::{self, CcdOptions, Convergence, FitStatus};
-use epifusion_core::model::censoring::censoring_weights;
 use epifusion_core::model::design::{DesignBuilder, DesignMatrix, OutcomeRecord};
 use epifusion_core::model::inference::invert_spd;
 use epifusion_core::model::prior::{Prior, PriorSet};
@@ -495,6 +494,8 @@ struct Mgus2 {
     age: Vec<Option<f64>>,
     sex_m: Vec<Option<f64>>,
     mspike: Vec<Option<f64>>,
+    hgb: Vec<Option<f64>>,
+    creat: Vec<Option<f64>>,
 }
 
 /// mgus2 with the vignette's coding; `cause` 1 = PCM, 2 = death as the event of interest.
@@ -524,12 +525,15 @@ fn mgus2(cause: u8) -> Mgus2 {
             .map(|s| Some(f64::from(s == "M")))
             .collect(),
         mspike: t.num("mspike"),
+        hgb: t.num("hgb"),
+        creat: t.num("creat"),
     }
 }
 
-/// Kaplan–Meier censoring survival G(T−) with `survfit`'s usual ties (failures at a censoring
-/// time are still at risk for censoring), as `cmprsk::crr` computes it.
-fn km_g_minus_survfit_ties(time: &[f64], y: &[f64]) -> Vec<f64> {
+/// Kaplan–Meier censoring survival G(T−), one stratum, with `survival::finegray`'s ties
+/// (censorings after tied failures: failures at a censoring time are not at risk for it). The
+/// engine computes `survfit`'s (as `cmprsk::crr`) itself.
+fn km_g_minus_finegray_ties(time: &[f64], y: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..time.len()).collect();
     order.sort_by(|&a, &b| time[a].total_cmp(&time[b]));
     // (censoring time, factor) in increasing time.
@@ -539,13 +543,15 @@ fn km_g_minus_survfit_ties(time: &[f64], y: &[f64]) -> Vec<f64> {
     while i < n {
         let t = time[order[i]];
         let mut k = i;
-        let mut censored = 0.0;
+        let (mut censored, mut failed) = (0.0, 0.0);
         while k < n && time[order[k]] == t {
             censored += f64::from(y[order[k]] == 0.0);
+            failed += f64::from(y[order[k]] != 0.0);
             k += 1;
         }
+        let at_risk = (n - i) as f64 - failed;
         if censored > 0.0 {
-            factors.push((t, 1.0 - censored / (n - i) as f64));
+            factors.push((t, 1.0 - censored / at_risk));
         }
         i = k;
     }
@@ -571,17 +577,10 @@ fn mgus2_design(m: &Mgus2, covariates: &[&Vec<Option<f64>>], conv: Convention) -
     let keep: Vec<bool> = (0..n)
         .map(|i| covariates.iter().all(|c| c[i].is_some()))
         .collect();
-    let complete = keep.iter().all(|&k| k);
+    // crr estimates G on the complete rows, as the engine does on the rows it is given.
     let censor_weight = match conv {
-        Convention::FineGray if complete => None,
-        Convention::FineGray => Some(select(
-            &censoring_weights(&m.time, &m.y, &vec![0u32; n]),
-            &keep,
-        )),
-        Convention::Crr => Some(km_g_minus_survfit_ties(
-            &select(&m.time, &keep),
-            &select(&m.y, &keep),
-        )),
+        Convention::FineGray => Some(select(&km_g_minus_finegray_ties(&m.time, &m.y), &keep)),
+        Convention::Crr => None,
     };
     Survival {
         time: select(&m.time, &keep),
@@ -663,6 +662,53 @@ fn fine_gray_cases() -> Vec<Case> {
 #[test]
 fn fine_gray_golden_at_default_options() {
     run_all("Fine–Gray", &fine_gray_cases());
+}
+
+/// `cmprsk::crr` on mgus2 with its times in months (many censorings tie with failures), age +
+/// male + hgb + creat (1,349 complete rows), the fit at **pure** default options — Breslow
+/// ties, the censoring weights the engine computes (crr's `survfit` ties), `se = robust` — and
+/// crr's `sqrt(diag(var))`. [recomputed] R 4.2.2, cmprsk 2.2-11, `gtol = 1e-14` (crr's own
+/// default `gtol = 1e-6` stops up to 5e-8 from its optimum here); `tests/golden/README.md`.
+#[test]
+fn fine_gray_crr_coefficients_and_robust_se_at_default_options() {
+    let cases = [
+        (
+            1,
+            ["-0.01761540253", "-0.1838505884", "-0.03786854748", "-0.3457609024"],
+            [0.006061595139, 0.1964909079, 0.04797560424, 0.2210223927],
+        ),
+        (
+            2,
+            ["0.05329593417", "0.4602860886", "-0.1018411931", "0.06888417174"],
+            [0.003908154454, 0.07127852104, 0.02234239455, 0.03555354411],
+        ),
+    ];
+    for (cause, beta, se) in cases {
+        let m = mgus2(cause);
+        let covariates = [&m.age, &m.sex_m, &m.hgb, &m.creat];
+        let data = mgus2_design(&m, &covariates, Convention::Crr);
+        assert_eq!(data.time.len(), 1349, "35 rows with a missing hgb or creat dropped");
+        let r = fit(&data.design(), &FitOptions::new(ModelKind::FineGray)).unwrap();
+        assert_eq!(r.status, FitStatus::Converged, "cause {cause}");
+        for k in 0..4 {
+            let c = &r.coefficients[k];
+            let v: f64 = beta[k].parse().unwrap();
+            let err = (c.estimate - v).abs();
+            assert!(
+                err <= tolerance(beta[k]),
+                "cause {cause} β[{k}] = {:.12} vs crr {} (|diff| {err:.2e})",
+                c.estimate,
+                beta[k]
+            );
+            let got = c.std_error.expect("a standard error");
+            assert_eq!(c.std_error_robust, Some(got), "std_error is the robust one");
+            assert!(
+                (got / se[k] - 1.0).abs() <= 1e-6,
+                "cause {cause} se[{k}] = {got:.12} vs crr {}",
+                se[k]
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,17 +1,23 @@
 //! Kaplan–Meier censoring weights for Fine–Gray.
 //!
 //! G(t) is the Kaplan–Meier estimate of the *censoring* distribution: a row with y = 0 is a
-//! "censoring event", any failure (y = 1 or 2) counts as not censored. At a tied time the
-//! censorings are placed after the failures, so the number at risk for the censorings at t is
-//! #{time ≥ t} − #{failures at t}:
+//! "censoring event", any failure (y = 1 or 2) counts as not censored. Ties follow `survfit`'s
+//! usual convention, as `cmprsk::crr` and Cyclops' `getFineGrayWeights` use it (both run
+//! `survfit(Surv(ftime, fstatus == cencode) ~ 1)`): failures at a censoring time c are still at
+//! risk for censoring at c, so the number at risk is n_c = #{time ≥ c}:
 //!
-//! G(t) = Π_{u ≤ t} (1 − c_u / (n_u − d_u)),
+//! G(t) = Π_{c ≤ t} (1 − d_c / n_c),
 //!
-//! and the Fine–Gray weight of a row is G(T−) = Π_{u < T} (…), computed separately within each
-//! stratum (unweighted, as R `survival::finegray` does without case weights).
+//! and the Fine–Gray weight of a row is G(T−) = Π_{c < T} (…) (crr evaluates G at
+//! T·(1 − 100ε)), computed separately within each stratum (unweighted, as crr and Cyclops do).
+//!
+//! R `survival::finegray` places censorings tied with failures *after* them instead
+//! (n_c = #{time > c} + d_c); the two differ only where a censoring time equals a failure time
+//! (common with times in days or months). Its weights can be supplied as the `censor_weight`
+//! column.
 
 /// G(T_i−) for every row (same order as the input), Kaplan–Meier censoring survival just
-/// before each row's time, computed within each stratum.
+/// before each row's time (`survfit`'s ties, module docs), computed within each stratum.
 ///
 /// `time`, `y` and `stratum` must have the same length (a shorter `y`/`stratum` is treated as
 /// censored / stratum 0 for the missing rows rather than panicking).
@@ -41,20 +47,19 @@ pub fn censoring_weights(time: &[f64], y: &[f64], stratum: &[u32]) -> Vec<f64> {
         while k < end {
             let t = time[order[k]];
             let mut block_end = k;
-            let (mut failures, mut censored) = (0.0f64, 0.0f64);
+            let mut censored = 0.0f64;
             while block_end < end && time[order[block_end]] == t {
                 let r = order[block_end];
                 out[r] = g;
                 if y_of(r) == 0.0 {
                     censored += 1.0;
-                } else {
-                    failures += 1.0;
                 }
                 block_end += 1;
             }
-            let denom = at_risk - failures;
-            if censored > 0.0 && denom > 0.0 {
-                g *= 1.0 - censored / denom;
+            // Every row with time ≥ t is at risk for the censorings at t (the failures at t
+            // too: `survfit`'s convention).
+            if censored > 0.0 {
+                g *= 1.0 - censored / at_risk;
             }
             at_risk -= (block_end - k) as f64;
             k = block_end;
@@ -86,14 +91,18 @@ mod tests {
         (12.0, 0.0),
     ];
 
+    /// `survfit(Surv(time, status == 0) ~ 1)` on FDATA: censorings at 3, 4 (two), 6, 8, 9, 12
+    /// with 12, 11, 6, 5, 3, 1 rows at risk (time ≥ c: the failures at 4 and the competing
+    /// event at 8 included), G = cumprod(11/12, 9/11, 5/6, 4/5, 2/3, 0). survival's
+    /// `finegray` (censorings after tied failures) has 8/10 at 4 and 3/4 at 8 instead.
     fn expected_g_minus(t: f64) -> f64 {
-        // G drops after 3, 4, 6, 8, 9: cumprod(1, 11/12, 8/10, 5/6, 3/4, 2/3).
         let steps = [
             (3.0, 11.0 / 12.0),
-            (4.0, 0.8),
+            (4.0, 9.0 / 11.0),
             (6.0, 5.0 / 6.0),
-            (8.0, 0.75),
+            (8.0, 4.0 / 5.0),
             (9.0, 2.0 / 3.0),
+            (12.0, 0.0),
         ];
         steps
             .iter()
@@ -103,7 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn fdata_weights_match_survival() {
+    fn fdata_weights_match_survfit() {
         let time: Vec<f64> = FDATA.iter().map(|r| r.0).collect();
         let y: Vec<f64> = FDATA.iter().map(|r| r.1).collect();
         let g = censoring_weights(&time, &y, &[0; 14]);

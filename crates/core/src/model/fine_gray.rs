@@ -1,8 +1,9 @@
 //! Fine–Gray subdistribution hazards.
 //!
 //! y = 1 is the event of interest, y = 2 a competing event, y = 0 censored. With G(t−) the
-//! Kaplan–Meier censoring survival just before t (per stratum; see
-//! [`crate::model::censoring::censoring_weights`], or the supplied `censor_weight` column), the
+//! Kaplan–Meier censoring survival just before t (per stratum, `survfit`'s ties as in
+//! `cmprsk::crr`; see [`crate::model::censoring::censoring_weights`], or the supplied
+//! `censor_weight` column), the
 //! risk set of an event at t holds every row with time ≥ t (weight w e) plus every competing row
 //! j with time_j < t, weighted w_j e_j · G(t−)/G(T_j−). Only y = 1 rows are events; ties are
 //! handled as in [`crate::model::cox`] (Breslow or Efron). Strata have separate risk sets and a

@@ -29,11 +29,9 @@
 //! censoring and d_c(u) the censorings at u (unweighted, as the Kaplan–Meier estimate G),
 //! q(u) = Σ_{t ≥ u} G(t−) Σ_l (w̄/S0_l) Σ_{j competing, T_j < u} (w_j e_j / G(T_j−))(x_j − x̄_l)
 //! and ψ_i = 1{i censored} q(T_i)/Y(T_i) − Σ_{u: i at risk for censoring at u} d_c(u) q(u)/Y(u)².
-//! At-risk convention: when the engine computed G (survival's `finegray`: censorings after
-//! failures at tied times) Y(u) = #{T > u} + d_c(u) and a failure at u is not at risk for
-//! censoring at u; when G was supplied as `censor_weight` (as the golden tests supply `crr`'s),
-//! `survfit`'s convention: Y(u) = #{T ≥ u}, every row with T ≥ u at risk. Without ties between
-//! censoring and failure times the two agree. With unit weights and one stratum this is `crr`'s
+//! At-risk convention: `survfit`'s, as for the computed G
+//! ([`crate::model::censoring`]) and in `crr`: Y(u) = #{T ≥ u}, every row with T ≥ u at risk
+//! for censoring at u (a failure at u too). With unit weights and one stratum this is `crr`'s
 //! variance exactly; with strata everything (risk sets, G, Y) is per stratum, and case weights
 //! enter the score residuals and q but not Y, d_c or G.
 
@@ -96,16 +94,12 @@ pub fn influence(
         ModelKind::Cox => survival(x, ties, &eta, &z, None),
         ModelKind::FineGray => {
             let r = &x.rows;
-            let (g, supplied) = match &r.censor_weight {
-                Some(g) => (g.clone(), true),
-                None => (
-                    censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()),
-                    false,
-                ),
+            let g = match &r.censor_weight {
+                Some(g) => g.clone(),
+                None => censoring_weights(&r.time.as_f64(), &r.y.as_f64(), &r.stratum.as_u32()),
             };
             let c = Censoring {
                 g,
-                survfit_counts: supplied,
                 term: censoring_term,
             };
             survival(x, ties, &eta, &z, Some(&c))
@@ -206,7 +200,6 @@ fn fit_column(x: &DesignMatrix, prepended: bool, j: usize) -> Vec<f64> {
 /// What Fine–Gray adds: G(T_i−) per row, the at-risk convention, whether ψ is wanted.
 struct Censoring {
     g: Vec<f64>,
-    survfit_counts: bool,
     term: bool,
 }
 
@@ -384,9 +377,9 @@ fn survival(
             }
         }
         // The censoring-weight term ψ (Fine–Gray).
-        let Some(c) = fg.filter(|c| c.term) else {
+        if !fg.is_some_and(|c| c.term) {
             continue;
-        };
+        }
         if m == 0 {
             continue;
         }
@@ -432,13 +425,8 @@ fn survival(
                 }
                 next += 1;
             }
-            let at_least = (total - sorted_t.partition_point(|&t| t < u)) as f64;
-            let later = (total - sorted_t.partition_point(|&t| t <= u)) as f64;
-            y_at[u_idx] = if c.survfit_counts {
-                at_least
-            } else {
-                later + dc[u_idx]
-            };
+            // `survfit`'s at-risk count, as G's (every row with T ≥ u).
+            y_at[u_idx] = (total - sorted_t.partition_point(|&t| t < u)) as f64;
             // Event times t ≥ u: suffix of G·(h, hx) from the first event index at or after u.
             let from = times.partition_point(|&t| t < u) * (k + 1);
             for a in 0..k {
@@ -449,12 +437,8 @@ fn survival(
         }
         for &i in rows {
             let t = row_time[i];
-            let mut upto = count_le(&ctimes, t);
+            let upto = count_le(&ctimes, t);
             let censored = row_y[i] == 0.0;
-            if !c.survfit_counts && !censored && upto > 0 && ctimes[upto - 1] == t {
-                // finegray: a failure at a censoring time is not at risk for that censoring.
-                upto -= 1;
-            }
             for a in 0..k {
                 let mut psi = -cum[upto * k + a];
                 if censored {
