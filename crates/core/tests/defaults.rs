@@ -674,12 +674,22 @@ fn fine_gray_crr_coefficients_and_robust_se_at_default_options() {
     let cases = [
         (
             1,
-            ["-0.01761540253", "-0.1838505884", "-0.03786854748", "-0.3457609024"],
+            [
+                "-0.01761540253",
+                "-0.1838505884",
+                "-0.03786854748",
+                "-0.3457609024",
+            ],
             [0.006061595139, 0.1964909079, 0.04797560424, 0.2210223927],
         ),
         (
             2,
-            ["0.05329593417", "0.4602860886", "-0.1018411931", "0.06888417174"],
+            [
+                "0.05329593417",
+                "0.4602860886",
+                "-0.1018411931",
+                "0.06888417174",
+            ],
             [0.003908154454, 0.07127852104, 0.02234239455, 0.03555354411],
         ),
     ];
@@ -687,7 +697,11 @@ fn fine_gray_crr_coefficients_and_robust_se_at_default_options() {
         let m = mgus2(cause);
         let covariates = [&m.age, &m.sex_m, &m.hgb, &m.creat];
         let data = mgus2_design(&m, &covariates, Convention::Crr);
-        assert_eq!(data.time.len(), 1349, "35 rows with a missing hgb or creat dropped");
+        assert_eq!(
+            data.time.len(),
+            1349,
+            "35 rows with a missing hgb or creat dropped"
+        );
         let r = fit(&data.design(), &FitOptions::new(ModelKind::FineGray)).unwrap();
         assert_eq!(r.status, FitStatus::Converged, "cause {cause}");
         for k in 0..4 {
