@@ -197,7 +197,7 @@ fn fit_column(x: &DesignMatrix, prepended: bool, j: usize) -> Vec<f64> {
     }
 }
 
-/// What Fine–Gray adds: G(T_i−) per row, the at-risk convention, whether ψ is wanted.
+/// What Fine–Gray adds: G(T_i−) per row and whether ψ is wanted.
 struct Censoring {
     g: Vec<f64>,
     term: bool,
