@@ -129,6 +129,10 @@ addcase("lung_cox_ridge", "cox", data.frame(time = l$time, y = as.integer(l$stat
 inf <- infert; Xi <- as.matrix(inf[, c("spontaneous","induced","age","parity")]); ni <- nrow(Xi)
 f <- glmnet(Xi, inf$case, family = "binomial", lambda = 0.01, standardize = FALSE, thresh = 1e-20, maxit = 1e7)
 cf <- as.numeric(coef(f)); addcase("infert_logistic_lasso", "logistic", data.frame(y = inf$case, Xi), list(prior = "laplace", lambda = 0.01 * ni, ci = "none"), c(cf[-1], cf[1]), NULL, NULL, NA, "glmnet")
+# exclude = glmnet's penalty.factor 0, which glmnet rescales so the factors sum to p: its λ for
+# the penalized ones is λ·p/(p − #unpenalized)
+f <- glmnet(Xi, inf$case, family = "binomial", lambda = 0.03, penalty.factor = c(0, 1, 1, 1), standardize = FALSE, thresh = 1e-20, maxit = 1e7)
+cf <- as.numeric(coef(f)); addcase("infert_logistic_lasso_exclude", "logistic", data.frame(y = inf$case, Xi), list(prior = "laplace", lambda = 0.03 * ni * 4 / 3, exclude = list(1), ci = "none"), c(cf[-1], cf[1]), NULL, NULL, NA, "glmnet")
 set.seed(5); np <- 300; a <- rnorm(np); b <- rbinom(np, 1, .5); cc <- rnorm(np); expo <- runif(np, 1, 5); cnt <- rpois(np, expo * exp(-1 + .4 * a + .3 * b))
 f <- glmnet(cbind(a, b, cc), cnt, family = "poisson", offset = log(expo), lambda = 0.02, standardize = FALSE, thresh = 1e-20, maxit = 1e7)
 cf <- as.numeric(coef(f)); addcase("sim_poisson_lasso", "poisson", data.frame(time = expo, y = cnt, a = a, b = b, cc = cc), list(prior = "laplace", lambda = 0.02 * np, ci = "none"), c(cf[-1], cf[1]), NULL, NULL, NA, "glmnet")
