@@ -412,17 +412,25 @@ mod tests {
 
     #[test]
     fn fine_gray_risk_set_by_hand() {
-        // Stratum 1 of the fixture: censoring times 3 (1 of 3 left after the failures at 3:
-        // rows with time > 3 are 5 → at risk 6, G drops by 5/6), 6 (at risk 3: times 6(cens),
-        // 7, 9 → 2/3), 9.
+        // Stratum 1 of the fixture: censoring times 3 (the 8 rows with time ≥ 3 at risk, the
+        // failures at 3 included: `survfit`'s ties, as crr → G drops by 7/8), 6 (at risk 4:
+        // times 6 (censored), 6 (competing), 7, 9 → 3/4), 9. (finegray's ties: 5/6 and 2/3.)
         let x = design(true, false);
         let o = Oracle::new(ModelKind::FineGray, &x, Ties::Breslow);
         let g = o.g_minus();
         assert_eq!(&g[..3], &[1.0, 1.0, 1.0]);
-        assert!((g[5] - 5.0 / 6.0).abs() < 1e-15); // time 5
-        assert!((g[8] - 5.0 / 6.0 * 2.0 / 3.0).abs() < 1e-15); // time 7
-                                                               // Row 1 (competing at 2) in the risk set of the event at 7: G(7−)/G(2−).
-        assert!((o.risk_weight(1, 7.0, g[8]) - 5.0 / 9.0).abs() < 1e-15);
+        // Rows 5 and 8: times 5 and 7.
+        assert!((g[5] - 7.0 / 8.0).abs() < 1e-15);
+        assert!((g[8] - 7.0 / 8.0 * 3.0 / 4.0).abs() < 1e-15);
+        // Row 1 (competing at 2) in the risk set of the event at 7: G(7−)/G(2−).
+        assert!((o.risk_weight(1, 7.0, g[8]) - 21.0 / 32.0).abs() < 1e-15);
+        let finegray = km_censoring_g_minus_finegray_ties(
+            &x.rows.time.to_vec(),
+            &x.rows.y.to_vec(),
+            &x.rows.stratum.to_vec(),
+        );
+        assert!((finegray[5] - 5.0 / 6.0).abs() < 1e-15);
+        assert!((finegray[8] - 5.0 / 6.0 * 2.0 / 3.0).abs() < 1e-15);
         // Row 3 (competing at 3) at 3 itself: time ≥ t → weight 1.
         assert_eq!(o.risk_weight(3, 3.0, g[2]), 1.0);
         // Censored row 4 (time 3) is not at risk at 5.
