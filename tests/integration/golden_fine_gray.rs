@@ -263,26 +263,21 @@ enum Convention {
     Crr,
 }
 
-/// The design for `covariates` of mgus2 under a convention. With `Crr` and no missing values
-/// the engine computes G itself; otherwise G(T−) is supplied as `censor_weight`.
+/// The design for `covariates` of mgus2 under a convention: `Crr` leaves G to the likelihood
+/// (computed on the complete rows it is given, as crr does), `FineGray` supplies finegray's
+/// G(T−) of all rows as `censor_weight`.
 fn mgus2_design(m: &Mgus2, covariates: &[&Vec<Option<f64>>], conv: Convention) -> Survival {
     let n = m.time.len();
     let keep: Vec<bool> = (0..n)
         .map(|i| covariates.iter().all(|c| c[i].is_some()))
         .collect();
-    let complete = keep.iter().all(|&k| k);
     let stratum = vec![0u32; n];
     let censor_weight = match conv {
         Convention::FineGray => Some(select(
             &km_censoring_g_minus_finegray_ties(&m.time, &m.y, &stratum),
             &keep,
         )),
-        Convention::Crr if complete => None,
-        Convention::Crr => {
-            let (t, y) = (select(&m.time, &keep), select(&m.y, &keep));
-            let s = vec![0u32; t.len()];
-            Some(km_censoring_g_minus(&t, &y, &s))
-        }
+        Convention::Crr => None,
     };
     Survival {
         time: select(&m.time, &keep),

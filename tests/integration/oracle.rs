@@ -13,8 +13,9 @@
 //!   at t are in it), each with weight v = w.
 //! * **Fine–Gray risk set** of (s, t): rows of s with time ≥ t (weight v = w) plus competing rows
 //!   (y = 2) of s with time < t, weight v = w · G(t−)/G(T_j−), G = Kaplan–Meier survival of the
-//!   censoring distribution of stratum s with `survfit`'s ties (see [`km_censoring_g_minus`]) or the supplied
-//!   `censor_weight` column (= G(T_i−) per row). G(t−) of a group is the value of its event rows.
+//!   censoring distribution of stratum s with `survfit`'s ties (see [`km_censoring_g_minus`]) or
+//!   the supplied `censor_weight` column (= G(T_i−) per row). G(t−) of a group is the value of
+//!   its event rows.
 //! * S0/S1/S2 = Σ_risk v e (1, x, xxᵀ).
 //! * **Breslow**: LL = Σ_events w η − Σ_groups W log S0.
 //! * **Efron** (R `survival`'s weighted convention): w̄ = W/d and, for l = 0..d−1,
