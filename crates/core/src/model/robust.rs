@@ -438,12 +438,12 @@ fn survival(
         for &i in rows {
             let t = row_time[i];
             let upto = count_le(&ctimes, t);
+            // A censored row's own censoring time is the last one ≤ t: index `upto − 1`.
             let censored = row_y[i] == 0.0;
             for a in 0..k {
                 let mut psi = -cum[upto * k + a];
                 if censored {
-                    let u_idx = count_le(&ctimes, t) - 1;
-                    psi += q[u_idx * k + a] / y_at[u_idx];
+                    psi += q[(upto - 1) * k + a] / y_at[upto - 1];
                 }
                 out[i * k + a] += psi;
             }
